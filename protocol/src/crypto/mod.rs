@@ -1,0 +1,29 @@
+//! Crypto of spec section 5 and of the v2 profile: RSA PKCS#1 v1.5 in chunks,
+//! the AES session ciphers (legacy CBC with a static IV, v2 AES-128-GCM with a
+//! fresh nonce per packet), key derivation, and zlib/gzip compression.
+//!
+//! Nothing here draws randomness on its own: callers pass the seeded RNG of the
+//! state machine, so the same code runs in browsers and on a fake clock.
+
+mod compress;
+mod kdf;
+mod rsa;
+mod session;
+
+pub use compress::{compress, decompress};
+pub use kdf::{
+    RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, resume_accept_proof,
+    resume_proof, v2_session_keys, verify_mac,
+};
+pub use rsa::{MPUSH_DEFAULT_PRIVATE_KEY, MPUSH_DEFAULT_PUBLIC_KEY, RsaPrivate, RsaPublic};
+pub use session::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN, SessionCipher};
+
+/// The RNG every machine uses: seeded by the driver, cryptographically strong.
+pub type Rng = rand_chacha::ChaCha20Rng;
+
+/// Fills `N` random bytes.
+pub fn random_array<const N: usize>(rng: &mut Rng) -> [u8; N] {
+    let mut out = [0u8; N];
+    rand_core::Rng::fill_bytes(rng, &mut out);
+    out
+}

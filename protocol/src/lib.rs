@@ -1,0 +1,15 @@
+//! The mpush wire protocol, once, as sans-IO state machines.
+//!
+//! Byte-compatible with mpush 0.8.1 clients and servers (the "legacy" profile),
+//! plus a negotiated "v2" profile (AEAD, message ids, resume proofs, redirects).
+//! Nothing in this crate does IO, reads a clock or draws OS randomness: time
+//! comes in as `now` arguments and randomness from a driver-seeded RNG.
+
+pub mod crypto;
+pub mod error;
+pub mod message;
+pub mod packet;
+pub mod wire;
+
+pub use error::{CryptoError, DecodeError, FrameError, ProtocolError};
+pub use packet::{Command, Decoder, Flags, Frame, Packet};
