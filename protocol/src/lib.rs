@@ -13,3 +13,14 @@ pub mod wire;
 
 pub use error::{CryptoError, DecodeError, FrameError, ProtocolError};
 pub use packet::{Command, Decoder, Flags, Frame, Packet};
+pub mod ack;
+pub mod backoff;
+pub mod client;
+pub mod dedup;
+pub mod seal;
+pub mod server;
+pub mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use web_time::Instant;

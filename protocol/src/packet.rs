@@ -304,7 +304,10 @@ mod tests {
     fn negative_and_oversized_lengths_are_rejected_early() {
         let d = Decoder::new(100);
         let mut neg = BytesMut::from(&[0x80, 0, 0, 0][..]);
-        assert_eq!(d.decode(&mut neg), Err(FrameError::NegativeLength(i32::MIN)));
+        assert_eq!(
+            d.decode(&mut neg),
+            Err(FrameError::NegativeLength(i32::MIN))
+        );
         let mut big = BytesMut::from(&[0, 0, 0, 101][..]);
         assert_eq!(
             d.decode(&mut big),

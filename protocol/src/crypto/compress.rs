@@ -10,7 +10,10 @@ use crate::error::CryptoError;
 
 /// zlib (RFC 1950) at the default level, as Java's `DeflaterOutputStream`.
 pub fn compress(data: &[u8]) -> Vec<u8> {
-    let mut enc = ZlibEncoder::new(Vec::with_capacity(data.len() / 2 + 16), Compression::default());
+    let mut enc = ZlibEncoder::new(
+        Vec::with_capacity(data.len() / 2 + 16),
+        Compression::default(),
+    );
     // Writing into a Vec cannot fail.
     let _ = enc.write_all(data);
     enc.finish().unwrap_or_default()

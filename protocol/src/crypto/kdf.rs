@@ -121,7 +121,10 @@ mod tests {
         assert!(verify_mac(&p, &resume_proof(&k, "s", "d", &[1; 16])));
         assert!(!verify_mac(&p, &resume_proof(&k, "s", "e", &[1; 16])));
         assert!(!verify_mac(&p, &resume_proof(&k, "sd", "", &[1; 16])));
-        assert!(!verify_mac(&p, &resume_proof(&ResumeKey([8; 32]), "s", "d", &[1; 16])));
+        assert!(!verify_mac(
+            &p,
+            &resume_proof(&ResumeKey([8; 32]), "s", "d", &[1; 16])
+        ));
         assert_ne!(
             connection_key(&k, &[1; 16], &[2; 16]).0,
             connection_key(&k, &[1; 16], &[3; 16]).0

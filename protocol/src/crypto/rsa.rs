@@ -108,7 +108,7 @@ impl RsaPrivate {
     /// Decrypts `k`-byte blocks and concatenates them. Blinded with `rng`.
     pub fn decrypt(&self, rng: &mut Rng, ciphertext: &[u8]) -> Result<Vec<u8>, CryptoError> {
         let k = self.key.size();
-        if ciphertext.is_empty() || ciphertext.len() % k != 0 {
+        if ciphertext.is_empty() || !ciphertext.len().is_multiple_of(k) {
             return Err(CryptoError::Rsa(format!(
                 "ciphertext length {} is not a multiple of {k}",
                 ciphertext.len()

@@ -108,7 +108,7 @@ impl SessionCipher {
     pub fn open(&self, aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
         match self {
             Self::Cbc { cipher, iv, .. } => {
-                if sealed.is_empty() || sealed.len() % 16 != 0 {
+                if sealed.is_empty() || !sealed.len().is_multiple_of(16) {
                     return Err(CryptoError::Decrypt);
                 }
                 cbc::Decryptor::<Aes128>::inner_iv_init((**cipher).clone(), &(*iv).into())

@@ -145,10 +145,7 @@ pub fn push(session_id: i32, content: &[u8], ack_flags: Flags) -> JsonPacket {
     let mut p = JsonPacket::new(
         Command::PUSH,
         session_id,
-        Some(body([(
-            "content",
-            json!(String::from_utf8_lossy(content)),
-        )])),
+        Some(body([("content", json!(String::from_utf8_lossy(content)))])),
     );
     p.flags = p.flags.with(ack_flags);
     p

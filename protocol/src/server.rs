@@ -1,0 +1,925 @@
+//! `ServerConnection`: one client connection seen from the server, sans-IO.
+//!
+//! The driver feeds bytes (`handle_input`) and time (`handle_timeout`), issues
+//! commands (`push`, `kick`, `redirect`, `close`) and answers IO round trips
+//! (`handle_resume_result`, `handle_bind_result`, `handle_unbind_result`). After
+//! every call it drains `poll_transmit` and `poll_event`, then sleeps until
+//! `poll_timeout` or the next input.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rand_core::SeedableRng;
+use web_time::Instant;
+
+use crate::ack::{AckTracker, Expiry, RetryPolicy};
+use crate::crypto::{
+    self, AesKey, Rng, RsaPrivate, SessionCipher, connection_key, legacy_session_key, random_array,
+    resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
+};
+use crate::error::{FrameError, ProtocolError};
+use crate::message::{
+    Ack, BindUser, Body, ErrorCode, ErrorMessage, FastConnect, FastConnectOk, Handshake,
+    HandshakeOk, HttpRequest, HttpResponse, Kick, OkMessage, Redirect, v2,
+};
+use crate::packet::{Command, Decoder, Flags, Frame, Packet};
+use crate::seal::Sealer;
+use crate::session::{AckMode, DeviceInfo, Profile, SessionRecord, SessionSecret};
+
+/// Server-side protocol settings. Defaults are mpush's.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub private_key: Arc<RsaPrivate>,
+    /// Bounds of the negotiated heartbeat (mpush: 3 min and 3 min).
+    pub min_heartbeat: Duration,
+    pub max_heartbeat: Duration,
+    /// Heartbeat check interval before a handshake (mpush: 10 s).
+    pub initial_heartbeat: Duration,
+    /// Consecutive missed heartbeats tolerated; one more closes (mpush: 2).
+    pub max_heartbeat_misses: u32,
+    /// How long a session can be resumed (mpush: 1 day).
+    pub session_ttl: Duration,
+    /// Largest accepted body on the wire (mpush: 10 KiB).
+    pub max_body: usize,
+    /// Largest body a compressed packet may inflate to.
+    pub max_inflated: usize,
+    /// Compress outgoing bodies longer than this (mpush: 10 KiB).
+    pub compress_over: usize,
+    /// Offer the v2 profile to clients that ask for it.
+    pub enable_v2: bool,
+    /// Accept HTTP_PROXY requests (mpush's `mp.http.proxy-enabled`).
+    pub http_proxy: bool,
+    /// Retries of pushes that wait for an ACK.
+    pub ack_retry: RetryPolicy,
+    /// Pushes awaiting an ACK at once; more are refused with `PushError::Busy`.
+    pub max_inflight: usize,
+}
+
+impl ServerConfig {
+    pub fn new(private_key: Arc<RsaPrivate>) -> Self {
+        Self {
+            private_key,
+            min_heartbeat: Duration::from_secs(180),
+            max_heartbeat: Duration::from_secs(180),
+            initial_heartbeat: Duration::from_secs(10),
+            max_heartbeat_misses: 2,
+            session_ttl: Duration::from_secs(86_400),
+            max_body: crate::packet::DEFAULT_MAX_BODY,
+            max_inflated: 1 << 20,
+            compress_over: 10 * 1024,
+            enable_v2: true,
+            http_proxy: false,
+            ack_retry: RetryPolicy::default(),
+            max_inflight: 1024,
+        }
+    }
+}
+
+/// A push for one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundPush {
+    /// The driver's id for this message to this device; events name it.
+    pub message_id: u64,
+    pub trace_id: String,
+    pub content: Bytes,
+    pub ack_mode: AckMode,
+    /// Unix milliseconds after which the client drops it; 0 = never (v2 only).
+    pub expires_at_ms: u64,
+}
+
+/// Why a push was not sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PushError {
+    #[error("the connection has not completed its handshake")]
+    NotReady,
+    #[error("the connection is closed")]
+    Closed,
+    #[error("too many pushes are waiting for an ACK on this connection")]
+    Busy,
+    #[error("message {0} is already in flight")]
+    Duplicate(u64),
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The driver called `close`.
+    Local,
+    /// No bytes for too long.
+    HeartbeatTimeout,
+    /// The peer broke the protocol; an ERROR was sent where possible.
+    Protocol(ProtocolError),
+    /// A command this server does not serve.
+    UnsupportedCommand(Command),
+    /// A request the server refused (bad handshake parameters, bind refused).
+    Refused(String),
+}
+
+/// What the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerEvent {
+    /// A full handshake finished; store `session` so the client can resume.
+    HandshakeCompleted {
+        device: DeviceInfo,
+        session: SessionRecord,
+        profile: Profile,
+    },
+    /// Look the session up and call `handle_resume_result`.
+    ResumeRequested {
+        session_id: String,
+        device_id: String,
+    },
+    /// A fast connect succeeded.
+    Resumed {
+        device: DeviceInfo,
+        profile: Profile,
+    },
+    /// Register the route (and check `token`), then call `handle_bind_result`.
+    BindRequested {
+        request: i32,
+        user_id: String,
+        tags: String,
+        token: String,
+        /// The user bound on this connection before, if any.
+        previous_user: Option<String>,
+    },
+    /// Remove the route, then call `handle_unbind_result`.
+    UnbindRequested { request: i32, user_id: String },
+    /// The client sent a message up.
+    UpPush {
+        content: Bytes,
+        message_id: Option<u64>,
+    },
+    /// HTTP proxy request; answer with `http_response`.
+    HttpProxy { request: i32, http: HttpRequest },
+    /// The client confirmed a push.
+    Acked { message_id: u64 },
+    /// A push was sent again after its ACK did not come.
+    PushRetried { message_id: u64, attempt: u32 },
+    /// A push got no ACK after every retry.
+    PushTimedOut { message_id: u64 },
+    /// The connection is over; `unacked` pushes never got their ACK.
+    Closed {
+        reason: CloseReason,
+        unacked: Vec<u64>,
+    },
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitHandshake,
+    AwaitResume {
+        request: FastConnect,
+        packet_id: i32,
+    },
+    Established,
+    Closed,
+}
+
+#[derive(Debug, Clone)]
+struct Inflight {
+    packet_id: i32,
+    flags: Flags,
+    body: Bytes,
+}
+
+/// First push id: high, so pushes do not collide with the small request ids a
+/// Java client is waiting on (spec 3.3).
+const FIRST_PUSH_ID: i32 = 0x4000_0000;
+
+pub struct ServerConnection {
+    config: Arc<ServerConfig>,
+    rng: Rng,
+    decoder: Decoder,
+    inbuf: BytesMut,
+    out: BytesMut,
+    events: VecDeque<ServerEvent>,
+    state: State,
+    sealer: Sealer,
+    profile: Profile,
+    device: Option<DeviceInfo>,
+    user: Option<String>,
+    heartbeat: Duration,
+    last_read: Instant,
+    next_check: Instant,
+    misses: u32,
+    clock_base: (Instant, i64),
+    next_push_id: i32,
+    acks: AckTracker<u64>,
+    inflight: HashMap<u64, Inflight>,
+    legacy_ids: HashMap<i32, u64>,
+}
+
+impl std::fmt::Debug for ServerConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConnection")
+            .field("state", &self.state)
+            .field("profile", &self.profile)
+            .field("device", &self.device)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerConnection {
+    /// A new connection accepted at `now`, when the wall clock read `unix_ms`.
+    /// `seed` must come from a cryptographically secure source.
+    pub fn new(config: Arc<ServerConfig>, seed: [u8; 32], now: Instant, unix_ms: i64) -> Self {
+        let hb = config.initial_heartbeat;
+        Self {
+            decoder: Decoder::new(config.max_body),
+            sealer: Sealer::new(config.compress_over, config.max_inflated),
+            acks: AckTracker::new(config.ack_retry.clone()),
+            config,
+            rng: Rng::from_seed(seed),
+            inbuf: BytesMut::new(),
+            out: BytesMut::new(),
+            events: VecDeque::new(),
+            state: State::AwaitHandshake,
+            profile: Profile::Legacy,
+            device: None,
+            user: None,
+            heartbeat: hb,
+            last_read: now,
+            next_check: now + hb,
+            misses: 0,
+            clock_base: (now, unix_ms),
+            next_push_id: FIRST_PUSH_ID,
+            inflight: HashMap::new(),
+            legacy_ids: HashMap::new(),
+        }
+    }
+
+    pub fn profile(&self) -> Profile {
+        self.profile
+    }
+
+    pub fn device(&self) -> Option<&DeviceInfo> {
+        self.device.as_ref()
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
+    pub fn is_established(&self) -> bool {
+        matches!(self.state, State::Established)
+    }
+
+    /// True once closed: drain `poll_transmit` one last time, then drop the socket.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// Pushes waiting for their ACK.
+    pub fn inflight(&self) -> usize {
+        self.acks.len()
+    }
+
+    // ----- driver verbs -------------------------------------------------
+
+    /// Bytes received from the socket.
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        self.last_read = now;
+        self.misses = 0;
+        self.inbuf.extend_from_slice(data);
+        while !self.is_closed() {
+            match self.decoder.decode(&mut self.inbuf) {
+                Ok(None) => break,
+                Ok(Some(Frame::Heartbeat)) => {
+                    self.out.extend_from_slice(&[crate::packet::HEARTBEAT_BYTE])
+                }
+                Ok(Some(Frame::Packet(p))) => self.handle_packet(p, now),
+                Err(e) => self.frame_error(e),
+            }
+        }
+        if self.inbuf.is_empty() && self.inbuf.capacity() > 4096 {
+            // Give back a large read buffer once an oversized frame is done.
+            self.inbuf = BytesMut::new();
+        }
+    }
+
+    /// Time passed; call at `poll_timeout`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        if now >= self.next_check {
+            if now.saturating_duration_since(self.last_read)
+                > self.heartbeat + Duration::from_secs(1)
+            {
+                self.misses += 1;
+                if self.misses > self.config.max_heartbeat_misses {
+                    self.close_with(CloseReason::HeartbeatTimeout);
+                    return;
+                }
+            }
+            self.next_check = now + self.heartbeat;
+        }
+        for (id, expiry) in self.acks.expire(now) {
+            match expiry {
+                Expiry::Retry { attempt } => {
+                    if let Some(f) = self.inflight.get(&id).cloned() {
+                        self.send_sealed(Command::PUSH, f.packet_id, f.flags, &f.body);
+                        self.events.push_back(ServerEvent::PushRetried {
+                            message_id: id,
+                            attempt,
+                        });
+                    }
+                }
+                Expiry::GaveUp => {
+                    self.forget(id);
+                    self.events
+                        .push_back(ServerEvent::PushTimedOut { message_id: id });
+                }
+            }
+        }
+    }
+
+    /// When `handle_timeout` wants to be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_closed() {
+            return None;
+        }
+        Some(match self.acks.next_deadline() {
+            Some(d) => d.min(self.next_check),
+            None => self.next_check,
+        })
+    }
+
+    /// Everything queued for the socket, in one buffer (one write).
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        (!self.out.is_empty()).then(|| self.out.split().freeze())
+    }
+
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// Answer to `ResumeRequested`: the stored session, if any.
+    pub fn handle_resume_result(&mut self, record: Option<SessionRecord>, now: Instant) {
+        let State::AwaitResume { request, packet_id } =
+            std::mem::replace(&mut self.state, State::AwaitHandshake)
+        else {
+            return;
+        };
+        let expired = |r: &SessionRecord| r.expire_at_ms <= self.unix_ms(now);
+        let Some(record) = record.filter(|r| !expired(r)) else {
+            return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+        };
+        if record.device.device_id != request.device_id {
+            return self.resume_refused(packet_id, ErrorCode::INVALID_DEVICE);
+        }
+        let heartbeat = self.negotiate_heartbeat(request.max_heartbeat);
+        let (cipher, profile, accept) = match (&record.secret, &request.proof) {
+            (SessionSecret::Legacy { key, iv }, _) => {
+                (SessionCipher::cbc(key, *iv), Profile::Legacy, None)
+            }
+            (SessionSecret::V2 { resume_key }, Some(proof)) if self.config.enable_v2 => {
+                let want = resume_proof(
+                    resume_key,
+                    &request.session_id,
+                    &request.device_id,
+                    &proof.client_nonce,
+                );
+                if !verify_mac(&want, &proof.proof) {
+                    return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+                }
+                let server_nonce: [u8; 16] = random_array(&mut self.rng);
+                let accept = v2::ResumeAccept {
+                    server_nonce: server_nonce.to_vec(),
+                    proof: resume_accept_proof(resume_key, &proof.client_nonce, &server_nonce),
+                };
+                let key = connection_key(resume_key, &proof.client_nonce, &server_nonce);
+                (SessionCipher::gcm(&key), Profile::V2, Some(accept))
+            }
+            // A v2 session without a proof (or with v2 turned off) cannot resume.
+            (SessionSecret::V2 { .. }, _) => {
+                return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+            }
+        };
+        let ok = FastConnectOk {
+            heartbeat: duration_ms(heartbeat),
+            accept,
+        };
+        self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
+        self.sealer.set_cipher(Some(cipher));
+        self.profile = profile;
+        self.set_heartbeat(heartbeat, now);
+        self.device = Some(record.device.clone());
+        self.user = None;
+        self.state = State::Established;
+        self.events.push_back(ServerEvent::Resumed {
+            device: record.device,
+            profile,
+        });
+    }
+
+    /// Answer to `BindRequested`: `Ok` binds, `Err(reason)` refuses and closes.
+    pub fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {
+        if !self.is_established() {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.user = Some(user_id.to_owned());
+                self.reply_ok(Command::BIND, request, "bind success");
+            }
+            Err(reason) => {
+                self.reply_error(
+                    ErrorMessage::with_reason(Command::BIND, ErrorCode::NONE, "bind failed"),
+                    request,
+                );
+                self.close_with(CloseReason::Refused(reason));
+            }
+        }
+    }
+
+    /// Answer to `UnbindRequested`.
+    pub fn handle_unbind_result(&mut self, request: i32, ok: bool) {
+        if !self.is_established() {
+            return;
+        }
+        if ok {
+            self.user = None;
+            self.reply_ok(Command::UNBIND, request, "unbind success");
+        } else {
+            self.reply_error(
+                ErrorMessage::with_reason(Command::UNBIND, ErrorCode::NONE, "unbind failed"),
+                request,
+            );
+        }
+    }
+
+    /// Answer to `HttpProxy`.
+    pub fn http_response(&mut self, request: i32, response: &HttpResponse) {
+        if self.is_established() {
+            let body = response.to_bytes();
+            self.send_sealed(Command::HTTP_PROXY, request, Flags::NONE, &body);
+        }
+    }
+
+    /// Sends a push; with an ACK mode it is retried until acknowledged.
+    /// Returns the packet id it went out under.
+    pub fn push(&mut self, push: OutboundPush, now: Instant) -> Result<i32, PushError> {
+        match self.state {
+            State::Established => {}
+            State::Closed => return Err(PushError::Closed),
+            _ => return Err(PushError::NotReady),
+        }
+        let tracked = push.ack_mode != AckMode::None;
+        if tracked {
+            if self.acks.contains(&push.message_id) {
+                return Err(PushError::Duplicate(push.message_id));
+            }
+            if self.acks.len() >= self.config.max_inflight {
+                return Err(PushError::Busy);
+            }
+        }
+        let packet_id = self.next_push_id();
+        let flags = push.ack_mode.flags();
+        let body: Bytes = match self.profile {
+            Profile::Legacy => push.content,
+            Profile::V2 => prost::Message::encode_to_vec(&v2::PushEnvelope {
+                message_id: push.message_id,
+                trace_id: push.trace_id,
+                content: push.content.to_vec(),
+                ack_mode: push.ack_mode.to_v2(),
+                expires_at_ms: push.expires_at_ms,
+            })
+            .into(),
+        };
+        self.send_sealed(Command::PUSH, packet_id, flags, &body);
+        if tracked {
+            self.acks.insert(push.message_id, now);
+            self.legacy_ids.insert(packet_id, push.message_id);
+            self.inflight.insert(
+                push.message_id,
+                Inflight {
+                    packet_id,
+                    flags,
+                    body,
+                },
+            );
+        }
+        Ok(packet_id)
+    }
+
+    /// Tells the client another device took its place (mpush 0.8.1 does not
+    /// close the connection; the driver may).
+    pub fn kick(&mut self, device_id: &str, user_id: &str) {
+        if self.is_established() {
+            let body = Kick {
+                device_id: device_id.to_owned(),
+                user_id: user_id.to_owned(),
+            }
+            .to_bytes();
+            self.send_sealed(Command::KICK, 0, Flags::NONE, &body);
+        }
+    }
+
+    /// Asks a v2 client to reconnect elsewhere; false (nothing sent) for legacy
+    /// clients, which only learn by the connection closing.
+    pub fn redirect(&mut self, redirect: &Redirect) -> bool {
+        if !self.is_established() || self.profile != Profile::V2 {
+            return false;
+        }
+        self.send_sealed(Command::REDIRECT, 0, Flags::NONE, &redirect.to_bytes());
+        true
+    }
+
+    /// Ends the connection from this side.
+    pub fn close(&mut self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    // ----- packet handling ----------------------------------------------
+
+    fn handle_packet(&mut self, p: Packet, now: Instant) {
+        let cmd = p.cmd;
+        let result = match cmd {
+            Command::HANDSHAKE => self.on_handshake(&p, now),
+            Command::FAST_CONNECT => self.on_fast_connect(&p),
+            Command::BIND | Command::UNBIND => self.on_bind(&p),
+            Command::PUSH => self.on_up_push(&p),
+            Command::ACK => self.on_ack(&p),
+            Command::HTTP_PROXY if self.config.http_proxy => self.on_http(&p),
+            _ => {
+                self.reply_error(
+                    ErrorMessage::new(cmd, ErrorCode::UNSUPPORTED_CMD),
+                    p.session_id,
+                );
+                self.close_with(CloseReason::UnsupportedCommand(cmd));
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.reply_error(
+                ErrorMessage::new(cmd, ErrorCode::DISPATCH_ERROR),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Protocol(e));
+        }
+    }
+
+    fn on_handshake(&mut self, p: &Packet, now: Instant) -> Result<(), ProtocolError> {
+        let body = if p.flags.contains(Flags::CRYPTO) {
+            let plain = self.config.private_key.decrypt(&mut self.rng, &p.body)?;
+            if p.flags.contains(Flags::COMPRESS) {
+                crypto::decompress(&plain, self.config.max_inflated)?
+            } else {
+                plain
+            }
+        } else {
+            // mpush accepts a plaintext handshake (spec 11.9); so do we.
+            p.body.to_vec()
+        };
+        let hs = Handshake::from_bytes(&body)?;
+        let (Ok(iv), Ok(client_key)) = (
+            <[u8; 16]>::try_from(hs.iv.as_slice()),
+            <[u8; 16]>::try_from(hs.client_key.as_slice()),
+        ) else {
+            self.refuse_handshake(p.session_id);
+            return Ok(());
+        };
+        if hs.device_id.is_empty() {
+            self.refuse_handshake(p.session_id);
+            return Ok(());
+        }
+        if self.is_established()
+            && self
+                .device
+                .as_ref()
+                .is_some_and(|d| d.device_id == hs.device_id)
+        {
+            self.reply_error(
+                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::REPEAT_HANDSHAKE),
+                p.session_id,
+            );
+            return Ok(());
+        }
+        let v2 = self.config.enable_v2
+            && hs
+                .capabilities
+                .as_ref()
+                .is_some_and(|c| c.profile >= v2::PROFILE);
+        let server_key: [u8; 16] = random_array(&mut self.rng);
+        let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
+        let session_id = hex_id(&random_array::<16>(&mut self.rng));
+        let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+        let ok = HandshakeOk {
+            server_key: server_key.to_vec(),
+            heartbeat: duration_ms(heartbeat),
+            session_id: session_id.clone(),
+            expire_time: expire_at_ms,
+            capabilities: v2.then(v2::Capabilities::v2),
+        };
+        // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
+        let reply_cipher = SessionCipher::cbc(&AesKey(client_key), iv);
+        let packet = Sealer::seal_with(
+            &reply_cipher,
+            &mut self.rng,
+            Command::HANDSHAKE,
+            p.session_id,
+            &ok.to_bytes(),
+        );
+        Frame::Packet(packet).encode(&mut self.out);
+        let (cipher, secret, profile) = if v2 {
+            let (traffic, resume_key) = v2_session_keys(&client_key, &server_key, &iv);
+            (
+                SessionCipher::gcm(&traffic),
+                SessionSecret::V2 { resume_key },
+                Profile::V2,
+            )
+        } else {
+            let key = legacy_session_key(&client_key, &server_key);
+            (
+                SessionCipher::cbc(&key, iv),
+                SessionSecret::Legacy { key, iv },
+                Profile::Legacy,
+            )
+        };
+        self.sealer.set_cipher(Some(cipher));
+        self.profile = profile;
+        self.set_heartbeat(heartbeat, now);
+        let device = DeviceInfo {
+            device_id: hs.device_id,
+            os_name: hs.os_name,
+            os_version: hs.os_version,
+            client_version: hs.client_version,
+        };
+        self.device = Some(device.clone());
+        self.state = State::Established;
+        self.events.push_back(ServerEvent::HandshakeCompleted {
+            session: SessionRecord {
+                session_id,
+                device: device.clone(),
+                secret,
+                expire_at_ms,
+            },
+            device,
+            profile,
+        });
+        Ok(())
+    }
+
+    fn refuse_handshake(&mut self, request: i32) {
+        self.reply_error(
+            ErrorMessage::with_reason(Command::HANDSHAKE, ErrorCode::NONE, "Param invalid"),
+            request,
+        );
+        self.close_with(CloseReason::Refused("invalid handshake parameters".into()));
+    }
+
+    fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        let fc = FastConnect::from_bytes(&p.body)?;
+        if fc.session_id.is_empty() {
+            self.resume_refused(p.session_id, ErrorCode::SESSION_EXPIRED);
+            return Ok(());
+        }
+        self.events.push_back(ServerEvent::ResumeRequested {
+            session_id: fc.session_id.clone(),
+            device_id: fc.device_id.clone(),
+        });
+        self.state = State::AwaitResume {
+            request: fc,
+            packet_id: p.session_id,
+        };
+        Ok(())
+    }
+
+    fn resume_refused(&mut self, request: i32, code: ErrorCode) {
+        // The connection stays open: the client handshakes on it (spec 5.5).
+        self.state = State::AwaitHandshake;
+        self.send_plain(
+            Command::ERROR,
+            request,
+            ErrorMessage::new(Command::FAST_CONNECT, code).to_bytes(),
+        );
+    }
+
+    fn on_bind(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        if !self.is_established() {
+            self.reply_error(
+                ErrorMessage::with_reason(p.cmd, ErrorCode::NONE, "not handshake"),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Refused("bind before handshake".into()));
+            return Ok(());
+        }
+        let body = self.open(p)?;
+        let b = BindUser::from_bytes(&body)?;
+        if p.cmd == Command::UNBIND {
+            self.events.push_back(ServerEvent::UnbindRequested {
+                request: p.session_id,
+                user_id: b.user_id,
+            });
+            return Ok(());
+        }
+        if b.user_id.is_empty() {
+            self.reply_error(
+                ErrorMessage::with_reason(Command::BIND, ErrorCode::NONE, "invalid param"),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Refused("bind without a user id".into()));
+            return Ok(());
+        }
+        self.events.push_back(ServerEvent::BindRequested {
+            request: p.session_id,
+            user_id: b.user_id,
+            tags: b.tags,
+            token: b.data,
+            previous_user: self.user.clone(),
+        });
+        Ok(())
+    }
+
+    fn on_up_push(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        if !self.is_established() {
+            return Err(ProtocolError::State("push before handshake"));
+        }
+        let body = self.open(p)?;
+        let (content, message_id) = match self.profile {
+            Profile::Legacy => (body, None),
+            Profile::V2 => {
+                let env: v2::PushEnvelope = prost::Message::decode(body)
+                    .map_err(|e| crate::DecodeError::Protobuf(e.to_string()))?;
+                (Bytes::from(env.content), Some(env.message_id))
+            }
+        };
+        if AckMode::from_flags(p.flags) == AckMode::Auto {
+            let ack = Ack {
+                message_ids: message_id.into_iter().collect(),
+            };
+            self.send_ack(p.session_id, &ack);
+        }
+        self.events.push_back(ServerEvent::UpPush {
+            content,
+            message_id,
+        });
+        Ok(())
+    }
+
+    fn on_ack(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        let ids: Vec<u64> = match self.profile {
+            Profile::V2 if self.is_established() => Ack::from_bytes(&self.open(p)?)?.message_ids,
+            _ => self
+                .legacy_ids
+                .get(&p.session_id)
+                .copied()
+                .into_iter()
+                .collect(),
+        };
+        for id in ids {
+            if self.acks.ack(&id) {
+                self.forget(id);
+                self.events.push_back(ServerEvent::Acked { message_id: id });
+            }
+        }
+        Ok(())
+    }
+
+    fn on_http(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        if !self.is_established() {
+            return Err(ProtocolError::State("http proxy before handshake"));
+        }
+        let http = HttpRequest::from_bytes(&self.open(p)?)?;
+        self.events.push_back(ServerEvent::HttpProxy {
+            request: p.session_id,
+            http,
+        });
+        Ok(())
+    }
+
+    fn frame_error(&mut self, e: FrameError) {
+        self.inbuf.clear();
+        self.reply_error(
+            ErrorMessage::with_reason(Command::UNKNOWN, ErrorCode::DISPATCH_ERROR, e.to_string()),
+            0,
+        );
+        self.close_with(CloseReason::Protocol(e.into()));
+    }
+
+    // ----- helpers ------------------------------------------------------
+
+    /// Opens a received body. On v2 every body after the handshake must be
+    /// sealed: a plaintext one could have been injected.
+    fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
+        if self.profile == Profile::V2 && !p.flags.contains(Flags::CRYPTO) && !p.body.is_empty() {
+            return Err(ProtocolError::State("v2 requires sealed bodies"));
+        }
+        self.sealer.open(p)
+    }
+
+    fn send_plain(&mut self, cmd: Command, session_id: i32, body: Vec<u8>) {
+        Frame::Packet(Sealer::plain(cmd, session_id, Flags::NONE, body)).encode(&mut self.out);
+    }
+
+    fn send_sealed(&mut self, cmd: Command, session_id: i32, flags: Flags, body: &[u8]) {
+        let packet = self
+            .sealer
+            .seal(&mut self.rng, cmd, session_id, flags, body);
+        Frame::Packet(packet).encode(&mut self.out);
+    }
+
+    /// OK, ERROR and ACK: plaintext on legacy (as mpush), sealed on v2.
+    fn send_reply(&mut self, cmd: Command, session_id: i32, body: Vec<u8>) {
+        if self.profile == Profile::V2 && self.is_established() {
+            self.send_sealed(cmd, session_id, Flags::NONE, &body);
+        } else {
+            self.send_plain(cmd, session_id, body);
+        }
+    }
+
+    fn reply_ok(&mut self, answering: Command, request: i32, data: &str) {
+        self.send_reply(
+            Command::OK,
+            request,
+            OkMessage::new(answering, data).to_bytes(),
+        );
+    }
+
+    fn reply_error(&mut self, e: ErrorMessage, request: i32) {
+        self.send_reply(Command::ERROR, request, e.to_bytes());
+    }
+
+    fn send_ack(&mut self, session_id: i32, ack: &Ack) {
+        let body = ack.to_bytes();
+        if body.is_empty() {
+            self.send_plain(Command::ACK, session_id, body);
+        } else {
+            self.send_reply(Command::ACK, session_id, body);
+        }
+    }
+
+    fn close_with(&mut self, reason: CloseReason) {
+        if self.is_closed() {
+            return;
+        }
+        self.state = State::Closed;
+        let mut unacked = self.acks.drain();
+        unacked.sort_unstable();
+        self.inflight.clear();
+        self.legacy_ids.clear();
+        self.events
+            .push_back(ServerEvent::Closed { reason, unacked });
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(f) = self.inflight.remove(&id) {
+            self.legacy_ids.remove(&f.packet_id);
+        }
+    }
+
+    fn next_push_id(&mut self) -> i32 {
+        let id = self.next_push_id;
+        self.next_push_id = if id == i32::MAX {
+            FIRST_PUSH_ID
+        } else {
+            id + 1
+        };
+        id
+    }
+
+    fn negotiate_heartbeat(&self, client_max: i32) -> Duration {
+        let client_max = Duration::from_millis(u64::try_from(client_max).unwrap_or(0));
+        client_max
+            .min(self.config.max_heartbeat)
+            .max(self.config.min_heartbeat)
+    }
+
+    fn set_heartbeat(&mut self, hb: Duration, now: Instant) {
+        self.heartbeat = hb;
+        self.next_check = now + hb;
+        self.misses = 0;
+    }
+
+    fn unix_ms(&self, now: Instant) -> i64 {
+        let (base, ms) = self.clock_base;
+        ms + duration_ms_i64(now.saturating_duration_since(base))
+    }
+}
+
+pub(crate) fn duration_ms(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
+pub(crate) fn duration_ms_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn hex_id(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

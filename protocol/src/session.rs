@@ -1,0 +1,278 @@
+//! Types both machines share: the profile, device facts, what a server stores to
+//! resume a session, the client's resume ticket, and the ACK modes.
+
+use crate::crypto::{AesKey, ResumeKey};
+
+/// Which protocol profile a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Profile {
+    /// Exactly mpush 0.8.1: AES-CBC with a static IV, raw push bodies.
+    Legacy,
+    /// Negotiated extensions: AES-GCM, push envelopes with message ids,
+    /// resume proofs, redirects.
+    V2,
+}
+
+/// How a push is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AckMode {
+    /// Fire and forget.
+    #[default]
+    None,
+    /// The receiving SDK acknowledges on receipt.
+    Auto,
+    /// The application acknowledges when it has handled the message.
+    Biz,
+}
+
+impl AckMode {
+    pub fn flags(self) -> crate::Flags {
+        match self {
+            Self::None => crate::Flags::NONE,
+            Self::Auto => crate::Flags::AUTO_ACK,
+            Self::Biz => crate::Flags::BIZ_ACK,
+        }
+    }
+
+    /// BIZ wins over AUTO when a sender sets both bits.
+    pub fn from_flags(flags: crate::Flags) -> Self {
+        if flags.contains(crate::Flags::BIZ_ACK) {
+            Self::Biz
+        } else if flags.contains(crate::Flags::AUTO_ACK) {
+            Self::Auto
+        } else {
+            Self::None
+        }
+    }
+
+    pub fn to_v2(self) -> i32 {
+        match self {
+            Self::None => crate::message::v2::AckMode::None as i32,
+            Self::Auto => crate::message::v2::AckMode::Auto as i32,
+            Self::Biz => crate::message::v2::AckMode::Biz as i32,
+        }
+    }
+
+    pub fn from_v2(v: i32) -> Self {
+        match crate::message::v2::AckMode::try_from(v) {
+            Ok(crate::message::v2::AckMode::Auto) => Self::Auto,
+            Ok(crate::message::v2::AckMode::Biz) => Self::Biz,
+            _ => Self::None,
+        }
+    }
+}
+
+/// What a client said about itself in its handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceInfo {
+    pub device_id: String,
+    pub os_name: String,
+    pub os_version: String,
+    pub client_version: String,
+}
+
+impl DeviceInfo {
+    /// mpush's client type from the OS name: 1 mobile, 2 pc, 3 web, -1 unknown.
+    pub fn client_type(&self) -> i32 {
+        let os = self.os_name.to_lowercase();
+        let has = |words: &[&str]| words.iter().any(|w| os.contains(w));
+        if has(&["android", "ios"]) {
+            1
+        } else if has(&["windows", "mac", "linux"]) {
+            2
+        } else if has(&["web", "h5"]) {
+            3
+        } else {
+            -1
+        }
+    }
+}
+
+/// The key material a session is resumed with.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum SessionSecret {
+    /// mpush's: the CBC session key and the static IV.
+    Legacy { key: AesKey, iv: [u8; 16] },
+    /// v2: a resume key that never goes on the wire.
+    V2 { resume_key: ResumeKey },
+}
+
+/// What the server stores under a session id so a client can fast-connect.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SessionRecord {
+    pub session_id: String,
+    pub device: DeviceInfo,
+    pub secret: SessionSecret,
+    /// Unix milliseconds.
+    pub expire_at_ms: i64,
+}
+
+/// What the client keeps to fast-connect later (mpush's `token.dat`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ResumeTicket {
+    pub session_id: String,
+    /// Unix milliseconds.
+    pub expire_at_ms: i64,
+    pub secret: SessionSecret,
+}
+
+fn signed_bytes(b: &[u8]) -> String {
+    b.iter()
+        .map(|&x| (x as i8).to_string())
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+fn parse_signed_bytes<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let v: Vec<u8> = s
+        .split('|')
+        .map(|p| p.trim().parse::<i8>().map(|x| x as u8))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    v.try_into().ok()
+}
+
+impl ResumeTicket {
+    /// mpush's `token.dat` line: `sessionId,expireTime,<key>,<iv>` with the bytes
+    /// as signed decimals joined by `|`. Only legacy tickets have this form.
+    pub fn to_token_dat(&self) -> Option<String> {
+        match &self.secret {
+            SessionSecret::Legacy { key, iv } => Some(format!(
+                "{},{},{},{}",
+                self.session_id,
+                self.expire_at_ms,
+                signed_bytes(&key.0),
+                signed_bytes(iv)
+            )),
+            SessionSecret::V2 { .. } => None,
+        }
+    }
+
+    pub fn from_token_dat(line: &str) -> Option<Self> {
+        let parts: Vec<&str> = line.trim().split(',').collect();
+        let [sid, exp, key, iv] = parts.as_slice() else {
+            return None;
+        };
+        Some(Self {
+            session_id: (*sid).to_owned(),
+            expire_at_ms: exp.parse().ok()?,
+            secret: SessionSecret::Legacy {
+                key: AesKey(parse_signed_bytes(key)?),
+                iv: parse_signed_bytes(iv)?,
+            },
+        })
+    }
+}
+
+impl SessionRecord {
+    /// mpush's Redis value for `mp:rs:<sessionId>`:
+    /// `osName,osVersion,clientVersion,deviceId,<key>,<iv>` (legacy sessions only).
+    pub fn to_mpush_value(&self) -> Option<String> {
+        let field = |s: &str| {
+            if s.is_empty() {
+                "null".to_owned()
+            } else {
+                s.to_owned()
+            }
+        };
+        match &self.secret {
+            SessionSecret::Legacy { key, iv } => Some(format!(
+                "{},{},{},{},{},{}",
+                field(&self.device.os_name),
+                field(&self.device.os_version),
+                field(&self.device.client_version),
+                field(&self.device.device_id),
+                signed_bytes(&key.0),
+                signed_bytes(iv)
+            )),
+            SessionSecret::V2 { .. } => None,
+        }
+    }
+
+    /// Parses mpush's Redis value; it needs exactly six fields.
+    pub fn from_mpush_value(session_id: &str, expire_at_ms: i64, value: &str) -> Option<Self> {
+        let parts: Vec<&str> = value.split(',').collect();
+        let [os, osv, cv, dev, key, iv] = parts.as_slice() else {
+            return None;
+        };
+        let field = |s: &str| {
+            if s == "null" {
+                String::new()
+            } else {
+                s.to_owned()
+            }
+        };
+        Some(Self {
+            session_id: session_id.to_owned(),
+            device: DeviceInfo {
+                device_id: field(dev),
+                os_name: field(os),
+                os_version: field(osv),
+                client_version: field(cv),
+            },
+            secret: SessionSecret::Legacy {
+                key: AesKey(parse_signed_bytes(key)?),
+                iv: parse_signed_bytes(iv)?,
+            },
+            expire_at_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_dat_matches_spec_vector() {
+        let line = "0123456789abcdef0123456789abcdef,1700000000000,-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48|-48,16|17|18|19|20|21|22|23|24|25|26|27|28|29|30|31";
+        let t = ResumeTicket::from_token_dat(line).expect("parses");
+        assert_eq!(t.expire_at_ms, 1_700_000_000_000);
+        assert_eq!(
+            t.secret,
+            SessionSecret::Legacy {
+                key: AesKey([0xd0; 16]),
+                iv: std::array::from_fn(|i| 0x10 + i as u8)
+            }
+        );
+        assert_eq!(t.to_token_dat().as_deref(), Some(line));
+        assert!(ResumeTicket::from_token_dat("a,b,c").is_none());
+    }
+
+    #[test]
+    fn mpush_session_value_round_trips() {
+        let r = SessionRecord {
+            session_id: "s".into(),
+            device: DeviceInfo {
+                device_id: "dev-1".into(),
+                os_name: "android".into(),
+                os_version: "6.0".into(),
+                client_version: String::new(),
+            },
+            secret: SessionSecret::Legacy {
+                key: AesKey([0xd0; 16]),
+                iv: [1; 16],
+            },
+            expire_at_ms: 5,
+        };
+        let v = r.to_mpush_value().expect("legacy");
+        assert!(v.starts_with("android,6.0,null,dev-1,-48|"));
+        assert_eq!(SessionRecord::from_mpush_value("s", 5, &v), Some(r));
+        assert!(SessionRecord::from_mpush_value("s", 5, "a,b,c").is_none());
+    }
+
+    #[test]
+    fn client_type_from_os_name() {
+        let t = |os: &str| {
+            DeviceInfo {
+                os_name: os.into(),
+                ..Default::default()
+            }
+            .client_type()
+        };
+        assert_eq!(
+            (t("Android"), t("iOS"), t("Mac OS X"), t("web"), t("tv")),
+            (1, 1, 2, 3, -1)
+        );
+    }
+}
