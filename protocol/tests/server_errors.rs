@@ -1,0 +1,191 @@
+//! How `ServerConnection` answers bad input (spec sections 4 and 6.4), and that
+//! it reassembles input that arrives one byte at a time.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::message::{BindUser, Body, ErrorCode, ErrorMessage};
+use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
+use mpush_protocol::server::{CloseReason, ServerConfig, ServerConnection, ServerEvent};
+use mpush_protocol::testing::{default_key, test_device};
+use mpush_protocol::{Instant, ProtocolError};
+
+fn server() -> (ServerConnection, Instant) {
+    let now = Instant::now();
+    let s = ServerConnection::new(Arc::new(ServerConfig::new(default_key())), [3; 32], now, 0);
+    (s, now)
+}
+
+/// Every frame the server sent, and its events.
+fn drain(s: &mut ServerConnection) -> (Vec<Frame>, Vec<ServerEvent>) {
+    let mut buf = BytesMut::new();
+    while let Some(b) = s.poll_transmit() {
+        buf.extend_from_slice(&b);
+    }
+    let mut frames = Vec::new();
+    while let Ok(Some(f)) = Decoder::new(1 << 20).decode(&mut buf) {
+        frames.push(f);
+    }
+    let mut events = Vec::new();
+    while let Some(e) = s.poll_event() {
+        events.push(e);
+    }
+    (frames, events)
+}
+
+fn error_of(frames: &[Frame]) -> ErrorMessage {
+    frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Packet(p) if p.cmd == Command::ERROR => ErrorMessage::from_bytes(&p.body).ok(),
+            _ => None,
+        })
+        .expect("an ERROR was sent")
+}
+
+fn packet(cmd: Command, flags: Flags, body: Vec<u8>) -> Vec<u8> {
+    Frame::Packet(Packet::new(cmd, 9, flags, body))
+        .to_bytes()
+        .to_vec()
+}
+
+#[test]
+fn unsupported_command_gets_101_and_close() {
+    let (mut s, now) = server();
+    s.handle_input(&packet(Command(99), Flags::NONE, vec![]), now);
+    let (frames, events) = drain(&mut s);
+    let e = error_of(&frames);
+    assert_eq!((e.cmd, e.code), (99, ErrorCode::UNSUPPORTED_CMD));
+    assert!(s.is_closed());
+    assert!(matches!(
+        events.last(),
+        Some(ServerEvent::Closed {
+            reason: CloseReason::UnsupportedCommand(Command(99)),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn heartbeats_are_echoed() {
+    let (mut s, now) = server();
+    s.handle_input(&[0xDF, 0xDF], now);
+    let (frames, _) = drain(&mut s);
+    assert_eq!(frames, vec![Frame::Heartbeat, Frame::Heartbeat]);
+}
+
+#[test]
+fn oversized_and_negative_frames_close_with_an_error() {
+    for header in [[0u8, 0, 0x28, 0x01], [0xFF, 0xFF, 0xFF, 0xF0]] {
+        let (mut s, now) = server();
+        s.handle_input(&header, now);
+        let (frames, events) = drain(&mut s);
+        assert_eq!(error_of(&frames).code, ErrorCode::DISPATCH_ERROR);
+        assert!(matches!(
+            events.last(),
+            Some(ServerEvent::Closed {
+                reason: CloseReason::Protocol(ProtocolError::Frame(_)),
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn undecryptable_handshake_gets_100_and_close() {
+    let (mut s, now) = server();
+    s.handle_input(
+        &packet(Command::HANDSHAKE, Flags::CRYPTO, vec![0x55; 128]),
+        now,
+    );
+    let (frames, events) = drain(&mut s);
+    let e = error_of(&frames);
+    assert_eq!(
+        (e.cmd, e.code),
+        (Command::HANDSHAKE.0, ErrorCode::DISPATCH_ERROR)
+    );
+    assert!(s.is_closed());
+    assert!(matches!(
+        events.last(),
+        Some(ServerEvent::Closed {
+            reason: CloseReason::Protocol(_),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn handshake_with_bad_parameters_is_param_invalid() {
+    let (mut s, now) = server();
+    // A plaintext handshake (accepted, as mpush does) with a 3-byte key.
+    let hs = mpush_protocol::message::Handshake {
+        device_id: "d".into(),
+        iv: vec![0; 16],
+        client_key: vec![0; 3],
+        ..Default::default()
+    };
+    s.handle_input(&packet(Command::HANDSHAKE, Flags::NONE, hs.to_bytes()), now);
+    let (frames, _) = drain(&mut s);
+    let e = error_of(&frames);
+    assert_eq!(
+        (e.code, e.reason.as_str()),
+        (ErrorCode::NONE, "Param invalid")
+    );
+    assert!(s.is_closed());
+}
+
+#[test]
+fn bind_before_handshake_is_refused() {
+    let (mut s, now) = server();
+    let body = BindUser {
+        user_id: "u".into(),
+        ..Default::default()
+    }
+    .to_bytes();
+    s.handle_input(&packet(Command::BIND, Flags::NONE, body), now);
+    let (frames, _) = drain(&mut s);
+    assert_eq!(error_of(&frames).reason, "not handshake");
+    assert!(s.is_closed());
+}
+
+#[test]
+fn truncated_body_is_a_dispatch_error() {
+    let (mut s, now) = server();
+    s.handle_input(
+        &packet(Command::FAST_CONNECT, Flags::NONE, vec![0, 9, 1]),
+        now,
+    );
+    let (frames, _) = drain(&mut s);
+    assert_eq!(error_of(&frames).code, ErrorCode::DISPATCH_ERROR);
+}
+
+#[test]
+fn a_handshake_fed_one_byte_at_a_time_completes() {
+    let now = Instant::now();
+    let key = default_key();
+    let mut server =
+        ServerConnection::new(Arc::new(ServerConfig::new(key.clone())), [4; 32], now, 0);
+    let mut client = ClientConnection::new(
+        Arc::new(ClientConfig::new(Arc::new(key.public()), test_device())),
+        [5; 32],
+        now,
+        0,
+        None,
+        DedupWindow::default(),
+    );
+    let hello = client.poll_transmit().expect("handshake");
+    for b in hello.iter() {
+        server.handle_input(&[*b], now);
+    }
+    let reply = server.poll_transmit().expect("handshake ok");
+    for b in reply.iter() {
+        client.handle_input(&[*b], now);
+    }
+    assert!(matches!(
+        client.poll_event(),
+        Some(ClientEvent::Connected { resumed: false, .. })
+    ));
+    assert!(server.is_established() && client.is_established());
+}
