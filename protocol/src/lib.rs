@@ -4,6 +4,8 @@
 //! plus a negotiated "v2" profile (AEAD, message ids, resume proofs, redirects).
 //! Nothing in this crate does IO, reads a clock or draws OS randomness: time
 //! comes in as `now` arguments and randomness from a driver-seeded RNG.
+//!
+#![doc = include_str!("../README.md")]
 
 pub mod crypto;
 pub mod error;

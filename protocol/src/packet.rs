@@ -252,6 +252,11 @@ impl Decoder {
         let session_id = head.get_i32();
         let lrc = head.get_i8();
         let body = buf.split_to(len).freeze();
+        if cmd == Command::HEARTBEAT {
+            // A framed HEARTBEAT is still a heartbeat; encoders only ever send
+            // the bare byte, so this keeps decode and encode consistent.
+            return Ok(Some(Frame::Heartbeat));
+        }
         Ok(Some(Frame::Packet(Packet {
             cmd,
             cc,
@@ -325,6 +330,18 @@ mod tests {
         };
         assert_eq!(back.cmd, Command(99));
         assert_eq!(format!("{:?}", back.cmd), "Command(99)");
+    }
+
+    /// Fuzz regression: a full-header packet with cmd HEARTBEAT decoded as a
+    /// packet but re-encoded as the bare byte.
+    #[test]
+    fn framed_heartbeat_decodes_as_heartbeat() {
+        let mut buf = BytesMut::from(&[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 7, 0x88][..]);
+        assert_eq!(
+            Decoder::default().decode(&mut buf),
+            Ok(Some(Frame::Heartbeat))
+        );
+        assert!(buf.is_empty());
     }
 
     #[test]

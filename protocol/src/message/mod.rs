@@ -78,13 +78,15 @@ fn write_ext<M: prost::Message>(w: &mut Writer, ext: Option<&M>) {
 }
 
 /// Reads an optional trailing extension. Legacy peers send nothing, and bytes
-/// that do not parse are ignored as a legacy decoder would ignore them.
-fn read_ext<M: prost::Message + Default>(r: &mut Reader<'_>) -> Option<M> {
+/// that do not parse are ignored as a legacy decoder would ignore them. An
+/// extension that decodes to the empty message counts as absent: the null rule
+/// of `bytes` fields cannot tell "empty" from "none" on the way out either.
+fn read_ext<M: prost::Message + Default + PartialEq>(r: &mut Reader<'_>) -> Option<M> {
     if r.is_empty() {
         return None;
     }
     let bytes = r.bytes("extension").ok()??;
-    M::decode(bytes).ok()
+    M::decode(bytes).ok().filter(|m| *m != M::default())
 }
 
 fn string(r: &mut Reader<'_>, field: &'static str) -> Result<String, DecodeError> {
@@ -97,4 +99,23 @@ fn bytes(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<u8>, DecodeError
 
 fn opt(s: &str) -> Option<&str> {
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fuzz regression: a present-but-empty extension decoded as `Some(empty)`
+    /// and re-encoded as nothing.
+    #[test]
+    fn empty_extension_is_absent() {
+        let mut w = Writer::new();
+        w.i32(180_000).bytes(Some(&[0x22, 0x00]));
+        let ok = FastConnectOk::from_bytes(&w.finish()).expect("decodes");
+        assert_eq!(ok.accept, None);
+        assert_eq!(
+            FastConnectOk::from_bytes(&ok.to_bytes()).expect("again"),
+            ok
+        );
+    }
 }
