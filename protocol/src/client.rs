@@ -179,7 +179,7 @@ pub enum ClientError {
 #[derive(Debug)]
 enum State {
     Handshaking {
-        client_key: [u8; 16],
+        client_key: AesKey,
         iv: [u8; 16],
     },
     Resuming {
@@ -560,7 +560,10 @@ impl ClientConnection {
             }
         }
         self.sealer.set_cipher(None);
-        self.state = State::Handshaking { client_key, iv };
+        self.state = State::Handshaking {
+            client_key: AesKey(client_key),
+            iv,
+        };
         self.expect_handshake_answer(id, now);
     }
 
@@ -668,8 +671,8 @@ impl ClientConnection {
         let State::Handshaking { client_key, iv } = &self.state else {
             return Ok(()); // a late or repeated answer
         };
-        let (client_key, iv) = (*client_key, *iv);
-        let reply_cipher = SessionCipher::cbc(&AesKey(client_key), iv);
+        let (client_key, iv) = (client_key.clone(), *iv);
+        let reply_cipher = SessionCipher::cbc(&client_key, iv);
         let body = self.sealer.open_with(Some(&reply_cipher), p)?;
         let ok = HandshakeOk::from_bytes(&body)?;
         let server_key: [u8; 16] = ok
@@ -683,14 +686,14 @@ impl ClientConnection {
                 .as_ref()
                 .is_some_and(|c| c.profile >= v2::PROFILE);
         let (cipher, secret, profile) = if v2 {
-            let (traffic, resume_key) = v2_session_keys(&client_key, &server_key, &iv);
+            let (traffic, resume_key) = v2_session_keys(&client_key.0, &server_key, &iv);
             (
                 SessionCipher::gcm(&traffic),
                 SessionSecret::V2 { resume_key },
                 Profile::V2,
             )
         } else {
-            let key = crypto::legacy_session_key(&client_key, &server_key);
+            let key = crypto::legacy_session_key(&client_key.0, &server_key);
             (
                 SessionCipher::cbc(&key, iv),
                 SessionSecret::Legacy { key, iv },

@@ -586,10 +586,11 @@ impl ServerConnection {
             // mpush accepts a plaintext handshake (spec 11.9); so do we.
             p.body.to_vec()
         };
-        let hs = Handshake::from_bytes(&body)?;
+        let mut hs = Handshake::from_bytes(&body)?;
+        let key_bytes = zeroize::Zeroizing::new(std::mem::take(&mut hs.client_key));
         let (Ok(iv), Ok(client_key)) = (
             <[u8; 16]>::try_from(hs.iv.as_slice()),
-            <[u8; 16]>::try_from(hs.client_key.as_slice()),
+            <[u8; 16]>::try_from(key_bytes.as_slice()),
         ) else {
             self.refuse_handshake(p.session_id);
             return Ok(());
@@ -627,7 +628,8 @@ impl ServerConnection {
             capabilities: v2.then(v2::Capabilities::v2),
         };
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
-        let reply_cipher = SessionCipher::cbc(&AesKey(client_key), iv);
+        let client_key = AesKey(client_key);
+        let reply_cipher = SessionCipher::cbc(&client_key, iv);
         let packet = Sealer::seal_with(
             &reply_cipher,
             &mut self.rng,
@@ -637,14 +639,14 @@ impl ServerConnection {
         );
         Frame::Packet(packet).encode(&mut self.out);
         let (cipher, secret, profile) = if v2 {
-            let (traffic, resume_key) = v2_session_keys(&client_key, &server_key, &iv);
+            let (traffic, resume_key) = v2_session_keys(&client_key.0, &server_key, &iv);
             (
                 SessionCipher::gcm(&traffic),
                 SessionSecret::V2 { resume_key },
                 Profile::V2,
             )
         } else {
-            let key = legacy_session_key(&client_key, &server_key);
+            let key = legacy_session_key(&client_key.0, &server_key);
             (
                 SessionCipher::cbc(&key, iv),
                 SessionSecret::Legacy { key, iv },
@@ -773,15 +775,14 @@ impl ServerConnection {
     }
 
     fn on_ack(&mut self, p: &Packet) -> Result<(), ProtocolError> {
-        let ids: Vec<u64> = match self.profile {
+        let mut ids: Vec<u64> = match self.profile {
             Profile::V2 if self.is_established() => Ack::from_bytes(&self.open(p)?)?.message_ids,
-            _ => self
-                .legacy_ids
-                .get(&p.session_id)
-                .copied()
-                .into_iter()
-                .collect(),
+            Profile::V2 | Profile::Legacy => Vec::new(),
         };
+        if ids.is_empty() {
+            // Legacy ACKs (and bare v2 ones) name the push by its packet id.
+            ids.extend(self.legacy_ids.get(&p.session_id).copied());
+        }
         for id in ids {
             if self.acks.ack(&id) {
                 self.forget(id);

@@ -285,8 +285,14 @@ fn a_lost_biz_ack_is_repeated_when_the_server_retries() {
 
 #[test]
 fn hostile_link_delivers_each_message_once() {
+    for v2 in [true, false] {
+        hostile_run(v2);
+    }
+}
+
+fn hostile_run(v2: bool) {
     const N: u64 = 40;
-    let mut p = handshake(7, true, true);
+    let mut p = handshake(7, v2, v2);
     bind(&mut p, "u");
     p.c2s.faults = LinkFaults::hostile();
     p.s2c.faults = LinkFaults::hostile();
