@@ -9,6 +9,7 @@
 
 pub mod crypto;
 pub mod error;
+pub mod json_server;
 pub mod message;
 pub mod packet;
 pub mod wire;

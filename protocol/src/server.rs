@@ -123,10 +123,11 @@ pub enum CloseReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ServerEvent {
-    /// A full handshake finished; store `session` so the client can resume.
+    /// A full handshake finished; store `session` so the client can resume
+    /// (`None` on the WebSocket JSON form, which has no keys and no resume).
     HandshakeCompleted {
         device: DeviceInfo,
-        session: SessionRecord,
+        session: Option<SessionRecord>,
         profile: Profile,
     },
     /// Look the session up and call `handle_resume_result`.
@@ -665,12 +666,12 @@ impl ServerConnection {
         self.device = Some(device.clone());
         self.state = State::Established;
         self.events.push_back(ServerEvent::HandshakeCompleted {
-            session: SessionRecord {
+            session: Some(SessionRecord {
                 session_id,
                 device: device.clone(),
                 secret,
                 expire_at_ms,
-            },
+            }),
             device,
             profile,
         });
@@ -913,7 +914,7 @@ impl ServerConnection {
     }
 }
 
-pub(crate) fn duration_ms(d: Duration) -> i32 {
+pub fn duration_ms(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
 

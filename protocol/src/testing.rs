@@ -284,7 +284,10 @@ impl Pair {
     /// The simulated server driver.
     fn serve(&mut self, e: &ServerEvent) {
         match e {
-            ServerEvent::HandshakeCompleted { session, .. } => {
+            ServerEvent::HandshakeCompleted {
+                session: Some(session),
+                ..
+            } => {
                 self.sessions
                     .insert(session.session_id.clone(), session.clone());
             }

@@ -1,2 +1,133 @@
-//! The mpush reference server. Not implemented yet: see issue 3. This crate is
-//! an empty placeholder so the workspace has its final shape.
+//! The mpush reference server. `start` binds every listener (port 0 works, for
+//! tests) and returns the addresses; `Running::shutdown` drains and stops.
+//!
+//! Layers, as the IM design asks: `gateway` (connections; the only layer with
+//! sockets), `push` (delivery logic: traces, inbox, broadcast, topics, flow
+//! control), `store` (storage behind traits; in memory by default), `api` (HTTP).
+
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod gateway;
+pub mod push;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use config::{Settings, Validated};
+pub use push::Hub;
+
+/// A started server.
+pub struct Running {
+    pub tcp: SocketAddr,
+    pub ws: Option<SocketAddr>,
+    pub http: SocketAddr,
+    pub hub: Arc<Hub>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The process-wide Prometheus recorder (installed once, shared by servers
+/// started in the same process, as tests do).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder is installed; then ours just renders nothing.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Starts the embedded default: every store in memory.
+pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
+    start_with_hub(Hub::in_memory(Arc::new(cfg))).await
+}
+
+/// Starts listeners and the API around `hub`.
+pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
+    let cfg = hub.cfg.clone();
+    let tcp = TcpListener::bind(cfg.tcp)
+        .await
+        .with_context(|| format!("binding TCP {}", cfg.tcp))?;
+    let http = TcpListener::bind(cfg.http)
+        .await
+        .with_context(|| format!("binding HTTP {}", cfg.http))?;
+    let ws = match cfg.ws {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding WebSocket {a}"))?,
+        ),
+        None => None,
+    };
+    let tcp_addr = tcp.local_addr()?;
+    let http_addr = http.local_addr()?;
+    let ws_addr = ws.as_ref().map(TcpListener::local_addr).transpose()?;
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(gateway::accept_loop(
+        tcp,
+        gateway::Kind::Tcp,
+        hub.clone(),
+        hub.shutdown.subscribe(),
+    )));
+    if let Some(ws) = ws {
+        tasks.push(tokio::spawn(gateway::accept_loop(
+            ws,
+            gateway::Kind::Ws,
+            hub.clone(),
+            hub.shutdown.subscribe(),
+        )));
+    }
+    let state = api::ApiState {
+        hub: hub.clone(),
+        metrics: metrics_handle(),
+    };
+    let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let mut stop = hub.shutdown.subscribe();
+    tasks.push(tokio::spawn(async move {
+        let serve = axum::serve(http, app).with_graceful_shutdown(async move {
+            let _ = stop.changed().await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "HTTP API stopped");
+        }
+    }));
+    Ok(Running {
+        tcp: tcp_addr,
+        ws: ws_addr,
+        http: http_addr,
+        hub,
+        tasks,
+    })
+}
+
+impl Running {
+    /// Stops accepting, tells v2 clients to reconnect elsewhere, waits for
+    /// in-flight ACKs up to the drain timeout, then closes every connection.
+    /// Un-ACKed messages with a TTL stay in the offline inbox.
+    pub async fn shutdown(self) {
+        let hub = self.hub.clone();
+        hub.draining.store(true, Ordering::Relaxed);
+        let _ = hub.shutdown.send(true);
+        let limit = Duration::from_millis(hub.cfg.settings.shutdown.drain_timeout_ms)
+            + Duration::from_secs(2);
+        let t0 = tokio::time::Instant::now();
+        while hub.connections.load(Ordering::Relaxed) > 0 && t0.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+    }
+}

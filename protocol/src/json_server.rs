@@ -1,0 +1,416 @@
+//! `JsonServerConnection`: the WebSocket JSON text-frame form of spec section 8,
+//! for mpush's legacy JavaScript client. No keys, no compression, no heartbeat
+//! (browsers' JSON clients never send one, and mpush never times them out), no
+//! fast connect. It emits the same `ServerEvent`s as `ServerConnection`, so a
+//! driver serves both with the same code.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use web_time::Instant;
+
+use crate::ProtocolError;
+use crate::ack::{AckTracker, Expiry};
+use crate::message::json::{self, JsonPacket};
+use crate::packet::Command;
+use crate::server::{CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent};
+use crate::session::{AckMode, DeviceInfo, Profile};
+
+const FIRST_PUSH_ID: i32 = 0x4000_0000;
+
+pub struct JsonServerConnection {
+    config: Arc<ServerConfig>,
+    out: VecDeque<String>,
+    events: VecDeque<ServerEvent>,
+    device: Option<DeviceInfo>,
+    user: Option<String>,
+    closed: bool,
+    next_push_id: i32,
+    acks: AckTracker<u64>,
+    inflight: HashMap<u64, (i32, JsonPacket)>,
+    by_packet: HashMap<i32, u64>,
+}
+
+impl std::fmt::Debug for JsonServerConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonServerConnection")
+            .field("device", &self.device)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JsonServerConnection {
+    pub fn new(config: Arc<ServerConfig>) -> Self {
+        Self {
+            acks: AckTracker::new(config.ack_retry.clone()),
+            config,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            device: None,
+            user: None,
+            closed: false,
+            next_push_id: FIRST_PUSH_ID,
+            inflight: HashMap::new(),
+            by_packet: HashMap::new(),
+        }
+    }
+
+    pub fn is_established(&self) -> bool {
+        self.device.is_some() && !self.closed
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.acks.len()
+    }
+
+    /// One text frame from the socket.
+    pub fn handle_text(&mut self, text: &str, _now: Instant) {
+        if self.closed {
+            return;
+        }
+        if text.len() > self.config.max_body {
+            self.fail(
+                Command::UNKNOWN,
+                0,
+                ProtocolError::State("JSON frame too large"),
+            );
+            return;
+        }
+        let p = match JsonPacket::parse(text) {
+            Ok(p) => p,
+            Err(e) => return self.fail(Command::UNKNOWN, 0, e.into()),
+        };
+        match p.cmd {
+            Command::HANDSHAKE => self.on_handshake(&p),
+            Command::BIND | Command::UNBIND => self.on_bind(&p),
+            Command::PUSH => {
+                if !self.is_established() {
+                    return self.fail(
+                        p.cmd,
+                        p.session_id,
+                        ProtocolError::State("push before handshake"),
+                    );
+                }
+                if AckMode::from_flags(p.flags) == AckMode::Auto {
+                    self.out
+                        .push_back(JsonPacket::new(Command::ACK, p.session_id, None).to_text());
+                }
+                self.events.push_back(ServerEvent::UpPush {
+                    content: p.str_field("content").into_bytes().into(),
+                    message_id: None,
+                });
+            }
+            Command::ACK => {
+                if let Some(id) = self.by_packet.get(&p.session_id).copied()
+                    && self.acks.ack(&id)
+                {
+                    self.forget(id);
+                    self.events.push_back(ServerEvent::Acked { message_id: id });
+                }
+            }
+            other => {
+                self.out.push_back(
+                    json::error(other, p.session_id, 101, "unsupported command").to_text(),
+                );
+                self.close_with(CloseReason::UnsupportedCommand(other));
+            }
+        }
+    }
+
+    /// A binary frame on a JSON connection is a protocol error (mpush closes).
+    pub fn handle_binary(&mut self) {
+        self.fail(
+            Command::UNKNOWN,
+            0,
+            ProtocolError::State("binary frame on a JSON connection"),
+        );
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for (id, expiry) in self.acks.expire(now) {
+            match expiry {
+                Expiry::Retry { attempt } => {
+                    if let Some((_, p)) = self.inflight.get(&id) {
+                        self.out.push_back(p.to_text());
+                        self.events.push_back(ServerEvent::PushRetried {
+                            message_id: id,
+                            attempt,
+                        });
+                    }
+                }
+                Expiry::GaveUp => {
+                    self.forget(id);
+                    self.events
+                        .push_back(ServerEvent::PushTimedOut { message_id: id });
+                }
+            }
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed {
+            None
+        } else {
+            self.acks.next_deadline()
+        }
+    }
+
+    /// The next text frame to send.
+    pub fn poll_transmit(&mut self) -> Option<String> {
+        self.out.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    pub fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {
+        if !self.is_established() {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.user = Some(user_id.to_owned());
+                self.out
+                    .push_back(json::ok(Command::BIND, request, "bind success").to_text());
+            }
+            Err(reason) => {
+                self.out
+                    .push_back(json::error(Command::BIND, request, 0, "bind failed").to_text());
+                self.close_with(CloseReason::Refused(reason));
+            }
+        }
+    }
+
+    pub fn handle_unbind_result(&mut self, request: i32, ok: bool) {
+        if !self.is_established() {
+            return;
+        }
+        if ok {
+            self.user = None;
+            self.out
+                .push_back(json::ok(Command::UNBIND, request, "unbind success").to_text());
+        } else {
+            self.out
+                .push_back(json::error(Command::UNBIND, request, 0, "unbind failed").to_text());
+        }
+    }
+
+    pub fn push(&mut self, push: OutboundPush, now: Instant) -> Result<i32, PushError> {
+        if self.closed {
+            return Err(PushError::Closed);
+        }
+        if !self.is_established() {
+            return Err(PushError::NotReady);
+        }
+        let tracked = push.ack_mode != AckMode::None;
+        if tracked && self.acks.contains(&push.message_id) {
+            return Err(PushError::Duplicate(push.message_id));
+        }
+        if tracked && self.acks.len() >= self.config.max_inflight {
+            return Err(PushError::Busy);
+        }
+        let id = self.next_push_id;
+        self.next_push_id = if id == i32::MAX {
+            FIRST_PUSH_ID
+        } else {
+            id + 1
+        };
+        let p = json::push(id, &push.content, push.ack_mode.flags());
+        self.out.push_back(p.to_text());
+        if tracked {
+            self.acks.insert(push.message_id, now);
+            self.by_packet.insert(id, push.message_id);
+            self.inflight.insert(push.message_id, (id, p));
+        }
+        Ok(id)
+    }
+
+    pub fn kick(&mut self, device_id: &str, user_id: &str) {
+        if self.is_established() {
+            self.out.push_back(json::kick(device_id, user_id).to_text());
+        }
+    }
+
+    pub fn close(&mut self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    fn on_handshake(&mut self, p: &JsonPacket) {
+        let device = DeviceInfo {
+            device_id: p.str_field("deviceId"),
+            os_name: p.str_field("osName"),
+            os_version: p.str_field("osVersion"),
+            client_version: p.str_field("clientVersion"),
+        };
+        if device.device_id.is_empty() {
+            self.out.push_back(
+                json::error(Command::HANDSHAKE, p.session_id, 0, "Param invalid").to_text(),
+            );
+            return self.close_with(CloseReason::Refused("handshake without a device id".into()));
+        }
+        if self
+            .device
+            .as_ref()
+            .is_some_and(|d| d.device_id == device.device_id)
+        {
+            self.out.push_back(
+                json::error(Command::HANDSHAKE, p.session_id, 102, "repeat handshake").to_text(),
+            );
+            return;
+        }
+        self.out
+            .push_back(JsonPacket::new(Command::HANDSHAKE, p.session_id, None).to_text());
+        self.device = Some(device.clone());
+        self.events.push_back(ServerEvent::HandshakeCompleted {
+            device,
+            session: None,
+            profile: Profile::Legacy,
+        });
+    }
+
+    fn on_bind(&mut self, p: &JsonPacket) {
+        if !self.is_established() {
+            self.out
+                .push_back(json::error(p.cmd, p.session_id, 0, "not handshake").to_text());
+            return self.close_with(CloseReason::Refused("bind before handshake".into()));
+        }
+        let user_id = p.str_field("userId");
+        if p.cmd == Command::UNBIND {
+            self.events.push_back(ServerEvent::UnbindRequested {
+                request: p.session_id,
+                user_id,
+            });
+            return;
+        }
+        if user_id.is_empty() {
+            self.out
+                .push_back(json::error(Command::BIND, p.session_id, 0, "invalid param").to_text());
+            return self.close_with(CloseReason::Refused("bind without a user id".into()));
+        }
+        self.events.push_back(ServerEvent::BindRequested {
+            request: p.session_id,
+            user_id,
+            tags: p.str_field("tags"),
+            token: p.str_field("data"),
+            previous_user: self.user.clone(),
+        });
+    }
+
+    fn fail(&mut self, cmd: Command, session_id: i32, e: ProtocolError) {
+        self.out
+            .push_back(json::error(cmd, session_id, 100, "handle message error").to_text());
+        self.close_with(CloseReason::Protocol(e));
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some((pid, _)) = self.inflight.remove(&id) {
+            self.by_packet.remove(&pid);
+        }
+    }
+
+    fn close_with(&mut self, reason: CloseReason) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let mut unacked = self.acks.drain();
+        unacked.sort_unstable();
+        self.inflight.clear();
+        self.by_packet.clear();
+        self.events
+            .push_back(ServerEvent::Closed { reason, unacked });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::default_key;
+    use bytes::Bytes;
+
+    fn conn() -> JsonServerConnection {
+        JsonServerConnection::new(Arc::new(ServerConfig::new(default_key())))
+    }
+
+    fn texts(c: &mut JsonServerConnection) -> Vec<String> {
+        std::iter::from_fn(|| c.poll_transmit()).collect()
+    }
+
+    #[test]
+    fn handshake_bind_push_ack() {
+        let now = Instant::now();
+        let mut c = conn();
+        c.handle_text(
+            r#"{"cmd":2,"flags":16,"sessionId":1,"body":{"deviceId":"web-1","osName":"web"}}"#,
+            now,
+        );
+        assert_eq!(
+            texts(&mut c),
+            vec![r#"{"bodyLength":0,"cmd":2,"flags":16,"sessionId":1}"#]
+        );
+        assert!(matches!(
+            c.poll_event(),
+            Some(ServerEvent::HandshakeCompleted { session: None, .. })
+        ));
+        c.handle_text(
+            r#"{"cmd":5,"flags":16,"sessionId":2,"body":{"userId":"u1","tags":"a"}}"#,
+            now,
+        );
+        let Some(ServerEvent::BindRequested {
+            request,
+            user_id,
+            tags,
+            ..
+        }) = c.poll_event()
+        else {
+            panic!("bind requested");
+        };
+        assert_eq!((request, user_id.as_str(), tags.as_str()), (2, "u1", "a"));
+        c.handle_bind_result(2, "u1", Ok(()));
+        assert!(texts(&mut c)[0].contains(r#""data":"bind success""#));
+        let id = c
+            .push(
+                OutboundPush {
+                    message_id: 9,
+                    trace_id: String::new(),
+                    content: Bytes::from_static(b"hi"),
+                    ack_mode: AckMode::Auto,
+                    expires_at_ms: 0,
+                },
+                now,
+            )
+            .expect("pushed");
+        assert!(texts(&mut c)[0].contains(r#""content":"hi""#));
+        c.handle_text(
+            &format!(r#"{{"cmd":23,"flags":16,"sessionId":{id},"body":null}}"#),
+            now,
+        );
+        assert_eq!(c.poll_event(), Some(ServerEvent::Acked { message_id: 9 }));
+        assert_eq!(c.inflight(), 0);
+    }
+
+    #[test]
+    fn bad_frames_close_with_an_error() {
+        let now = Instant::now();
+        for bad in [
+            "not json",
+            r#"{"cmd":1,"flags":16,"sessionId":1}"#,
+            r#"{"cmd":5,"flags":16,"sessionId":2,"body":{"userId":"u"}}"#,
+        ] {
+            let mut c = conn();
+            c.handle_text(bad, now);
+            assert!(texts(&mut c)[0].contains(r#""cmd":10"#), "{bad}");
+            assert!(c.is_closed(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! What mpush users call today: `/exec` (`method=push|topicPush|queryTrace`)
+//! and the alloc routes (`GET /` server list, `POST /push` demo push).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Json;
+use axum::body::Bytes as BodyBytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use bytes::Bytes;
+use mpush_protocol::session::AckMode;
+use serde_json::{Value, json};
+
+use super::{ApiError, ApiState, check_user, draining, start_topic_push};
+use crate::push::MessageSpec;
+use crate::push::filter::Filter;
+use crate::store::TraceState;
+
+/// Parameters from the query string, a form body or a JSON object body.
+fn params(
+    query: HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<HashMap<String, String>, ApiError> {
+    let mut p = query;
+    if body.is_empty() {
+        return Ok(p);
+    }
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.starts_with("application/json") {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("body is not JSON: {e}")))?;
+        let Value::Object(m) = v else {
+            return Err(ApiError::bad_request("body must be a JSON object"));
+        };
+        for (k, v) in m {
+            let s = match v {
+                Value::String(s) => s,
+                Value::Null => continue,
+                other => other.to_string(),
+            };
+            p.insert(k, s);
+        }
+    } else {
+        let form: Vec<(String, String)> = serde_urlencoded_pairs(body)?;
+        p.extend(form);
+    }
+    Ok(p)
+}
+
+fn serde_urlencoded_pairs(body: &[u8]) -> Result<Vec<(String, String)>, ApiError> {
+    serde_urlencoded::from_bytes(body)
+        .map_err(|e| ApiError::bad_request(format!("body is not a form: {e}")))
+}
+
+fn flag(p: &HashMap<String, String>, k: &str) -> bool {
+    p.get(k).is_some_and(|v| v == "true" || v == "1")
+}
+
+/// `POST|GET /exec?method=push|topicPush|queryTrace` (mpush manual 6.2, 6.5, 7.2).
+pub async fn exec(
+    State(s): State<ApiState>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: BodyBytes,
+) -> Result<Json<Value>, ApiError> {
+    let p = params(query, &headers, &body)?;
+    let method = p.get("method").map(String::as_str).unwrap_or("");
+    let need = |k: &str| {
+        p.get(k)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ApiError::bad_request(format!("`{k}` is required for method={method}")))
+    };
+    let spec = |p: &HashMap<String, String>| -> Result<MessageSpec, ApiError> {
+        let body = p
+            .get("msgbody")
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ApiError::bad_request("`msgbody` is required"))?;
+        Ok(MessageSpec {
+            content: Bytes::copy_from_slice(body.as_bytes()),
+            ack_mode: if flag(p, "ack") {
+                AckMode::Auto
+            } else {
+                AckMode::None
+            },
+            client_type: None,
+            ttl_secs: p
+                .get("ttl")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0)
+                .min(s.hub.cfg.settings.delivery.max_ttl_secs),
+        })
+    };
+    match method {
+        "push" => {
+            let user = need("userId")?.clone();
+            check_user(&user)?;
+            let spec = spec(&p)?;
+            draining(&s.hub)?;
+            let trace_id = s.hub.start_trace(p.get("traceId").cloned()).await;
+            let o = s.hub.push_user(&trace_id, &spec, &user).await;
+            Ok(Json(
+                json!({ "success": o.error.is_none(), "traceId": trace_id, "dispatched": o.dispatched, "stored": o.stored }),
+            ))
+        }
+        "topicPush" => {
+            let topic = need("topic")?.clone();
+            let spec = spec(&p)?;
+            draining(&s.hub)?;
+            let (trace_id, n) =
+                start_topic_push(&s.hub, &topic, spec, p.get("traceId").cloned()).await;
+            Ok(Json(
+                json!({ "success": true, "traceId": trace_id, "subscribers": n }),
+            ))
+        }
+        "queryTrace" => {
+            let id = need("traceId")?;
+            let view = s
+                .hub
+                .traces
+                .get(id)
+                .await
+                .ok_or_else(|| ApiError::not_found(format!("no trace `{id}`")))?;
+            // mpush's shape: one state per user (Redis hash `trace:{id}`), plus detail.
+            let mut states = serde_json::Map::new();
+            states.insert("_meta".into(), json!(TraceState::Accepted));
+            for r in &view.recipients {
+                states.insert(r.user_id.clone(), json!(r.state));
+            }
+            Ok(Json(
+                json!({ "success": true, "traceId": id, "states": states, "trace": view }),
+            ))
+        }
+        "" => Err(ApiError::bad_request(
+            "`method` is required: push, topicPush or queryTrace",
+        )),
+        other => Err(ApiError::bad_request(format!(
+            "unknown method `{other}`: push, topicPush or queryTrace"
+        ))),
+    }
+}
+
+/// alloc's `GET /`: `host:port,...` of the connect servers, least loaded first.
+pub async fn alloc_servers(State(s): State<ApiState>) -> impl IntoResponse {
+    let net = &s.hub.cfg.settings.net;
+    let addr = if net.public_address.is_empty() {
+        s.hub.cfg.tcp.to_string()
+    } else {
+        net.public_address.clone()
+    };
+    (StatusCode::OK, addr)
+}
+
+static ALLOC_MSG: AtomicU64 = AtomicU64::new(1);
+
+/// alloc's demo `POST /push {userId, hello, broadcast, condition}`: always 200
+/// with its fixed reply; the message is built as alloc builds it.
+pub async fn alloc_push(
+    State(s): State<ApiState>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Json(v) = body?;
+    let str_field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let user = str_field("userId");
+    let hello = str_field("hello");
+    let broadcast = v.get("broadcast").and_then(Value::as_bool).unwrap_or(false);
+    let notification = json!({
+        "content": format!("MPush开源推送，{hello}"),
+        "nid": 1,
+        "ticker": "你有一条新的消息,请注意查收",
+        "title": "MPUSH推送",
+    });
+    let msg = json!({
+        "content": notification.to_string(),
+        "msgId": format!("msg_{}", ALLOC_MSG.fetch_add(1, Ordering::Relaxed)),
+        "msgType": 3,
+    });
+    let spec = MessageSpec {
+        content: Bytes::from(msg.to_string()),
+        ack_mode: AckMode::None,
+        client_type: None,
+        ttl_secs: 0,
+    };
+    draining(&s.hub)?;
+    let trace_id = s.hub.start_trace(None).await;
+    if broadcast {
+        let filter = Filter::new(Vec::new(), v.get("condition").and_then(Value::as_str), None)
+            .map_err(ApiError::bad_request)?;
+        let hub = s.hub.clone();
+        tokio::spawn(async move {
+            hub.broadcast(&trace_id, &spec, &filter).await;
+        });
+    } else {
+        check_user(&user)?;
+        s.hub.push_user(&trace_id, &spec, &user).await;
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "服务已经开始推送,请注意查收消息",
+    ))
+}

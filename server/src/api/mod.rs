@@ -1,0 +1,467 @@
+//! The HTTP API for business backends (JSON), mpush's `/exec` and the alloc
+//! routes. An OpenAPI document is served at `/openapi.json`.
+
+mod compat;
+mod error;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use base64::Engine as _;
+use bytes::Bytes;
+use metrics_exporter_prometheus::PrometheusHandle;
+use mpush_protocol::session::AckMode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub use error::ApiError;
+
+use crate::gateway::registry::ConnCommand;
+use crate::push::filter::Filter;
+use crate::push::{Hub, MessageSpec};
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub hub: Arc<Hub>,
+    pub metrics: PrometheusHandle,
+}
+
+pub fn router(state: ApiState) -> Router {
+    let protected = Router::new()
+        .route("/api/v1/push", post(push))
+        .route("/api/v1/push/batch", post(push_batch))
+        .route("/api/v1/broadcast", post(broadcast))
+        .route(
+            "/api/v1/topics/{topic}/subscribers/{user_id}",
+            put(subscribe).delete(unsubscribe),
+        )
+        .route("/api/v1/topics/{topic}/push", post(topic_push))
+        .route("/api/v1/traces/{trace_id}", get(trace))
+        .route("/api/v1/users/{user_id}", get(user))
+        .route("/api/v1/users/{user_id}/kick", post(kick))
+        .route("/exec", get(compat::exec).post(compat::exec))
+        .route("/push", post(compat::alloc_push))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/", get(compat::alloc_servers))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .merge(protected)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state)
+}
+
+/// Bearer tokens from the config; with none configured, loopback clients only.
+async fn auth(
+    State(s): State<ApiState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    let tokens = &s.hub.cfg.settings.security.api_tokens;
+    if tokens.is_empty() {
+        if !peer.ip().is_loopback() {
+            return ApiError::unauthorized(
+                "no API token is configured: the API answers loopback clients only",
+            )
+            .into_response();
+        }
+    } else {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let ok = given.is_some_and(|g| {
+            tokens
+                .iter()
+                .any(|t| mpush_protocol::crypto::verify_mac(t.as_bytes(), g.as_bytes()))
+        });
+        if !ok {
+            return ApiError::unauthorized("missing or wrong bearer token").into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The body fields every push shares.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MessageBody {
+    pub content: Option<String>,
+    pub content_base64: Option<String>,
+    pub client_type: Option<Value>,
+    pub ack_mode: Option<String>,
+    pub trace_id: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub ttl_seconds: Option<u64>,
+}
+
+impl MessageBody {
+    pub fn spec(&self, hub: &Hub) -> Result<MessageSpec, ApiError> {
+        let content: Bytes = match (&self.content, &self.content_base64) {
+            (Some(c), None) => Bytes::copy_from_slice(c.as_bytes()),
+            (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| ApiError::bad_request(format!("contentBase64 is not base64: {e}")))?
+                .into(),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "give content or contentBase64, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ApiError::bad_request(
+                    "content or contentBase64 is required",
+                ));
+            }
+        };
+        // Room for the envelope, padding and the AEAD tag inside one packet.
+        let max = hub.cfg.settings.limits.max_packet_size.saturating_sub(256);
+        if content.len() > max {
+            return Err(ApiError::bad_request(format!(
+                "content is {} bytes; at most {max}",
+                content.len()
+            )));
+        }
+        let ack_mode = parse_ack_mode(self.ack_mode.as_deref())?;
+        let ttl_secs = self.ttl_seconds.unwrap_or(0);
+        let max_ttl = hub.cfg.settings.delivery.max_ttl_secs;
+        if ttl_secs > max_ttl {
+            return Err(ApiError::bad_request(format!(
+                "ttlSeconds is at most {max_ttl}"
+            )));
+        }
+        if let Some(t) = self.timeout_ms
+            && !(100..=600_000).contains(&t)
+        {
+            return Err(ApiError::bad_request("timeoutMs must be 100 to 600000"));
+        }
+        if self.trace_id.as_ref().is_some_and(|t| t.len() > 128) {
+            return Err(ApiError::bad_request("traceId is at most 128 characters"));
+        }
+        Ok(MessageSpec {
+            content,
+            ack_mode,
+            client_type: parse_client_type(self.client_type.as_ref())?,
+            ttl_secs,
+        })
+    }
+}
+
+pub fn parse_ack_mode(s: Option<&str>) -> Result<AckMode, ApiError> {
+    match s.unwrap_or("none") {
+        "none" => Ok(AckMode::None),
+        "auto" => Ok(AckMode::Auto),
+        "biz" => Ok(AckMode::Biz),
+        other => Err(ApiError::bad_request(format!(
+            "ackMode `{other}` is not one of none, auto, biz"
+        ))),
+    }
+}
+
+/// 1/"mobile", 2/"pc", 3/"web" (mpush's client types).
+fn parse_client_type(v: Option<&Value>) -> Result<Option<i32>, ApiError> {
+    let bad = || ApiError::bad_request("clientType is 1 (mobile), 2 (pc), 3 (web) or their names");
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(x @ 1..=3) => Ok(Some(x as i32)),
+            _ => Err(bad()),
+        },
+        Some(Value::String(s)) => match s.as_str() {
+            "mobile" | "1" => Ok(Some(1)),
+            "pc" | "2" => Ok(Some(2)),
+            "web" | "3" => Ok(Some(3)),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+fn check_user(u: &str) -> Result<(), ApiError> {
+    if u.is_empty() || u.len() > 128 {
+        return Err(ApiError::bad_request("userId must be 1 to 128 characters"));
+    }
+    Ok(())
+}
+
+fn draining(hub: &Hub) -> Result<(), ApiError> {
+    if hub.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PushBody {
+    user_id: String,
+    #[serde(flatten)]
+    message: MessageBody,
+}
+
+async fn push(
+    State(s): State<ApiState>,
+    body: Result<Json<PushBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body?;
+    check_user(&b.user_id)?;
+    let spec = b.message.spec(&s.hub)?;
+    draining(&s.hub)?;
+    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
+    let o = s.hub.push_user(&trace_id, &spec, &b.user_id).await;
+    Ok(Json(json!({
+        "traceId": trace_id,
+        "dispatched": o.dispatched,
+        "stored": o.stored,
+        "error": o.error,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchBody {
+    user_ids: Vec<String>,
+    #[serde(flatten)]
+    message: MessageBody,
+}
+
+const MAX_BATCH: usize = 10_000;
+
+async fn push_batch(
+    State(s): State<ApiState>,
+    body: Result<Json<BatchBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body?;
+    if b.user_ids.is_empty() || b.user_ids.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "userIds must hold 1 to {MAX_BATCH} users"
+        )));
+    }
+    for u in &b.user_ids {
+        check_user(u)?;
+    }
+    let spec = b.message.spec(&s.hub)?;
+    draining(&s.hub)?;
+    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
+    let mut results = Vec::with_capacity(b.user_ids.len());
+    for u in &b.user_ids {
+        results.push(s.hub.push_user(&trace_id, &spec, u).await);
+    }
+    let dispatched: usize = results.iter().map(|r| r.dispatched).sum();
+    Ok(Json(
+        json!({ "traceId": trace_id, "dispatched": dispatched, "results": results }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BroadcastBody {
+    #[serde(default)]
+    tags: Vec<String>,
+    condition: Option<String>,
+    #[serde(flatten)]
+    message: MessageBody,
+}
+
+async fn broadcast(
+    State(s): State<ApiState>,
+    body: Result<Json<BroadcastBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(b) = body?;
+    let spec = b.message.spec(&s.hub)?;
+    let filter = Filter::new(b.tags, b.condition.as_deref(), spec.client_type)
+        .map_err(ApiError::bad_request)?;
+    draining(&s.hub)?;
+    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
+    let hub = s.hub.clone();
+    let t = trace_id.clone();
+    tokio::spawn(async move {
+        hub.broadcast(&t, &spec, &filter).await;
+    });
+    Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": trace_id }))))
+}
+
+fn check_topic(t: &str) -> Result<(), ApiError> {
+    if t.is_empty() || t.len() > 128 {
+        return Err(ApiError::bad_request("topic must be 1 to 128 characters"));
+    }
+    Ok(())
+}
+
+async fn subscribe(
+    State(s): State<ApiState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path((topic, user)) = path?;
+    check_topic(&topic)?;
+    check_user(&user)?;
+    let new = s.hub.topics.subscribe(&topic, &user).await;
+    Ok(Json(
+        json!({ "topic": topic, "userId": user, "subscribed": true, "new": new }),
+    ))
+}
+
+async fn unsubscribe(
+    State(s): State<ApiState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path((topic, user)) = path?;
+    let removed = s.hub.topics.unsubscribe(&topic, &user).await;
+    if !removed {
+        return Err(ApiError::not_found(format!(
+            "`{user}` is not subscribed to `{topic}`"
+        )));
+    }
+    Ok(Json(
+        json!({ "topic": topic, "userId": user, "subscribed": false }),
+    ))
+}
+
+async fn topic_push(
+    State(s): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<MessageBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Path(topic) = path?;
+    check_topic(&topic)?;
+    let Json(b) = body?;
+    let spec = b.spec(&s.hub)?;
+    draining(&s.hub)?;
+    let trace_id = start_topic_push(&s.hub, &topic, spec, b.trace_id).await;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "traceId": trace_id.0, "subscribers": trace_id.1 })),
+    ))
+}
+
+/// Pushes to every subscriber in the background; returns the trace id and the count.
+pub async fn start_topic_push(
+    hub: &Arc<Hub>,
+    topic: &str,
+    spec: MessageSpec,
+    trace_id: Option<String>,
+) -> (String, usize) {
+    let trace_id = hub.start_trace(trace_id).await;
+    let users = hub.topics.subscribers(topic).await;
+    let n = users.len();
+    let hub = hub.clone();
+    let t = trace_id.clone();
+    tokio::spawn(async move {
+        for u in users {
+            hub.push_user(&t, &spec, &u).await;
+        }
+    });
+    (trace_id, n)
+}
+
+async fn trace(
+    State(s): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(id) = path?;
+    let view = s
+        .hub
+        .traces
+        .get(&id)
+        .await
+        .ok_or_else(|| ApiError::not_found(format!("no trace `{id}` (unknown or expired)")))?;
+    Ok(Json(serde_json::to_value(view).unwrap_or_default()))
+}
+
+async fn user(
+    State(s): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(user) = path?;
+    check_user(&user)?;
+    let devices: Vec<Value> = s
+        .hub
+        .registry
+        .lookup(&user)
+        .iter()
+        .map(|h| {
+            let i = &h.info;
+            json!({
+                "deviceId": i.device.device_id,
+                "clientType": i.client_type,
+                "osName": i.device.os_name,
+                "osVersion": i.device.os_version,
+                "clientVersion": i.device.client_version,
+                "profile": format!("{:?}", i.profile).to_lowercase(),
+                "transport": i.transport,
+                "connectedAtMs": i.connected_at_ms,
+                "tags": i.tags.read().clone(),
+            })
+        })
+        .collect();
+    let inbox = s.hub.inbox.len(&user).await;
+    Ok(Json(
+        json!({ "userId": user, "online": !devices.is_empty(), "devices": devices, "inbox": inbox }),
+    ))
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct KickBody {
+    client_type: Option<Value>,
+}
+
+async fn kick(
+    State(s): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Option<Json<KickBody>>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(user) = path?;
+    check_user(&user)?;
+    let ct = parse_client_type(body.as_ref().and_then(|b| b.client_type.as_ref()))?;
+    let mut kicked = 0;
+    for h in s.hub.registry.lookup(&user) {
+        if ct.is_none_or(|c| c == h.info.client_type)
+            && h.tx.try_send(ConnCommand::KickAndClose).is_ok()
+        {
+            kicked += 1;
+        }
+    }
+    if kicked == 0 {
+        return Err(ApiError::not_found(format!(
+            "`{user}` has no online device to kick"
+        )));
+    }
+    Ok(Json(json!({ "userId": user, "kicked": kicked })))
+}
+
+async fn healthz(State(s): State<ApiState>) -> Json<Value> {
+    let h = &s.hub;
+    Json(json!({
+        "status": if h.draining.load(std::sync::atomic::Ordering::Relaxed) { "draining" } else { "ok" },
+        "connections": h.connections.load(std::sync::atomic::Ordering::Relaxed),
+        "bound": h.registry.len(),
+    }))
+}
+
+async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+    metrics::gauge!("mpush_connections")
+        .set(s.hub.connections.load(std::sync::atomic::Ordering::Relaxed) as f64);
+    metrics::gauge!("mpush_bound_connections").set(s.hub.registry.len() as f64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+async fn openapi() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+}

@@ -1,0 +1,343 @@
+//! Settings: defaults, then the TOML file, then `MPUSH__SECTION__KEY`
+//! environment variables, then command-line flags; validated once at start-up.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use mpush_protocol::crypto::RsaPrivate;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub net: Net,
+    pub security: Security,
+    pub limits: Limits,
+    pub delivery: Delivery,
+    pub shutdown: Shutdown,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Net {
+    /// mpush's connect port.
+    pub tcp: String,
+    /// WebSocket gateway; empty disables it.
+    pub ws: String,
+    /// HTTP API (and mpush's alloc routes).
+    pub http: String,
+    /// `host:port` the allocator (`GET /`) hands to clients; default: the TCP address.
+    pub public_address: String,
+}
+
+impl Default for Net {
+    fn default() -> Self {
+        Self {
+            tcp: "0.0.0.0:3000".into(),
+            ws: "0.0.0.0:8088".into(),
+            http: "0.0.0.0:9999".into(),
+            public_address: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Security {
+    /// RSA private key, PKCS#8 as PEM or bare base64. Empty: mpush's public default key.
+    pub private_key: String,
+    /// Or read it from this file.
+    pub private_key_file: String,
+    /// Bearer tokens accepted by the HTTP API. None: the API answers loopback clients only.
+    pub api_tokens: Vec<String>,
+    /// HMAC secret for bind tokens. Empty: BIND is not authenticated (mpush's behaviour).
+    pub bind_secret: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_connections: usize,
+    /// Largest packet body on the wire (mpush: 10240).
+    pub max_packet_size: usize,
+    /// Full handshakes per second per client IP (burst of the same size).
+    pub handshakes_per_ip: u32,
+    /// Commands queued for one connection before it counts as a slow consumer.
+    pub outbound_queue: usize,
+    /// A write that takes longer than this closes the connection (slow consumer).
+    pub write_timeout_ms: u64,
+    pub min_heartbeat_ms: u64,
+    pub max_heartbeat_ms: u64,
+    /// WebSocket read buffer per connection (small: idle connections stay cheap).
+    pub ws_read_buffer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 19_000,
+            max_packet_size: 10 * 1024,
+            handshakes_per_ip: 100,
+            outbound_queue: 256,
+            write_timeout_ms: 10_000,
+            min_heartbeat_ms: 180_000,
+            max_heartbeat_ms: 180_000,
+            ws_read_buffer: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Delivery {
+    /// Waits between a push and its retries (mpush: 2 s, 4 s, 6 s).
+    pub ack_waits_ms: Vec<u64>,
+    pub ack_retries: u32,
+    /// How long trace states are kept (7 days).
+    pub trace_ttl_secs: u64,
+    /// Messages kept per offline user; more are refused (reported, never dropped silently).
+    pub inbox_max: usize,
+    /// Longest `ttlSeconds` accepted.
+    pub max_ttl_secs: u64,
+    /// Global unicast rate (messages/s); over it, work is delayed.
+    pub push_rate: u32,
+    /// Broadcast rate (messages/s) and the largest broadcast.
+    pub broadcast_rate: u32,
+    pub broadcast_max: usize,
+    /// How long a session can be resumed with fast connect (1 day).
+    pub session_ttl_secs: u64,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Self {
+            ack_waits_ms: vec![2000, 4000, 6000],
+            ack_retries: 3,
+            trace_ttl_secs: 7 * 86_400,
+            inbox_max: 1000,
+            max_ttl_secs: 7 * 86_400,
+            push_rate: 50_000,
+            broadcast_rate: 30_000,
+            broadcast_max: 100_000,
+            session_ttl_secs: 86_400,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Shutdown {
+    /// How long to wait for in-flight ACKs before closing.
+    pub drain_timeout_ms: u64,
+    /// Where v2 clients are told to reconnect; empty: their own server list.
+    pub redirect_to: String,
+    pub redirect_jitter_ms: u32,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self {
+            drain_timeout_ms: 5_000,
+            redirect_to: String::new(),
+            redirect_jitter_ms: 5_000,
+        }
+    }
+}
+
+/// A setting that does not make sense.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("`{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// Settings after validation: addresses parsed, the key loaded.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub settings: Settings,
+    pub tcp: SocketAddr,
+    pub ws: Option<SocketAddr>,
+    pub http: SocketAddr,
+    pub private_key: Arc<RsaPrivate>,
+    /// True when the key is mpush's public default.
+    pub default_key: bool,
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (if any), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(f) = file {
+            if !f.exists() {
+                return Err(invalid(
+                    "--config",
+                    format!("{} does not exist", f.display()),
+                ));
+            }
+            fig = fig.merge(Toml::file(f));
+        }
+        fig = fig.merge(Env::prefixed("MPUSH__").split("__"));
+        fig.extract().map_err(|e| ConfigError::Load(Box::new(e)))
+    }
+
+    /// Checks every setting once; the server runs on the result.
+    pub fn validate(self) -> Result<Validated, ConfigError> {
+        let addr = |key: &'static str, v: &str| {
+            v.parse::<SocketAddr>()
+                .map_err(|e| invalid(key, format!("`{v}` is not an address: {e}")))
+        };
+        let tcp = addr("net.tcp", &self.net.tcp)?;
+        let http = addr("net.http", &self.net.http)?;
+        let ws = if self.net.ws.is_empty() {
+            None
+        } else {
+            Some(addr("net.ws", &self.net.ws)?)
+        };
+        let l = &self.limits;
+        if l.max_connections == 0 {
+            return Err(invalid("limits.max_connections", "must be at least 1"));
+        }
+        if !(64..=16 * 1024 * 1024).contains(&l.max_packet_size) {
+            return Err(invalid(
+                "limits.max_packet_size",
+                "must be 64 bytes to 16 MiB",
+            ));
+        }
+        if l.outbound_queue == 0 || l.handshakes_per_ip == 0 {
+            return Err(invalid("limits", "queues and rates must be at least 1"));
+        }
+        if l.min_heartbeat_ms < 1000 || l.min_heartbeat_ms > l.max_heartbeat_ms {
+            return Err(invalid(
+                "limits.min_heartbeat_ms",
+                "must be at least 1000 and at most max_heartbeat_ms",
+            ));
+        }
+        if !(256..=1 << 20).contains(&l.ws_read_buffer) {
+            return Err(invalid(
+                "limits.ws_read_buffer",
+                "must be 256 bytes to 1 MiB",
+            ));
+        }
+        let d = &self.delivery;
+        if d.ack_waits_ms.is_empty() || d.ack_waits_ms.contains(&0) {
+            return Err(invalid(
+                "delivery.ack_waits_ms",
+                "needs at least one wait, none 0",
+            ));
+        }
+        if d.push_rate == 0 || d.broadcast_rate == 0 || d.broadcast_max == 0 {
+            return Err(invalid(
+                "delivery",
+                "rates and broadcast_max must be at least 1",
+            ));
+        }
+        if self.security.api_tokens.iter().any(|t| t.len() < 16) {
+            return Err(invalid(
+                "security.api_tokens",
+                "each token needs 16 characters or more",
+            ));
+        }
+        let s = &self.security;
+        let (text, default_key) = if !s.private_key.is_empty() {
+            (s.private_key.clone(), false)
+        } else if !s.private_key_file.is_empty() {
+            let t = std::fs::read_to_string(&s.private_key_file).map_err(|e| {
+                invalid(
+                    "security.private_key_file",
+                    format!("{}: {e}", s.private_key_file),
+                )
+            })?;
+            (t, false)
+        } else {
+            (
+                mpush_protocol::crypto::MPUSH_DEFAULT_PRIVATE_KEY.to_owned(),
+                true,
+            )
+        };
+        let private_key = RsaPrivate::from_text(&text)
+            .map_err(|e| invalid("security.private_key", e.to_string()))?;
+        Ok(Validated {
+            settings: self,
+            tcp,
+            ws,
+            http,
+            private_key: Arc::new(private_key),
+            default_key,
+        })
+    }
+}
+
+impl Validated {
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.limits.write_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_mpush_ports_and_validate() {
+        let v = Settings::default().validate().expect("valid");
+        assert_eq!(v.tcp.port(), 3000);
+        assert_eq!(v.ws.map(|a| a.port()), Some(8088));
+        assert_eq!(v.http.port(), 9999);
+        assert!(v.default_key);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let mut s = Settings::default();
+        s.net.tcp = "nowhere".into();
+        let e = s.validate().expect_err("invalid");
+        assert!(e.to_string().contains("net.tcp"), "{e}");
+        let mut s = Settings::default();
+        s.security.private_key = "garbage".into();
+        assert!(
+            s.validate()
+                .expect_err("bad key")
+                .to_string()
+                .contains("private_key")
+        );
+        let mut s = Settings::default();
+        s.limits.min_heartbeat_ms = 10;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn file_and_environment_layer_over_defaults() {
+        let dir = std::env::temp_dir().join(format!("mpush-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("mpush.toml");
+        std::fs::write(
+            &f,
+            "[net]\ntcp = \"127.0.0.1:4000\"\n[limits]\nmax_connections = 7\n",
+        )
+        .expect("write");
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MPUSH__LIMITS__MAX_CONNECTIONS", "9");
+            let s = Settings::load(Some(&f)).expect("loads");
+            assert_eq!(s.net.tcp, "127.0.0.1:4000");
+            assert_eq!(s.limits.max_connections, 9);
+            Ok(())
+        });
+        std::fs::write(&f, "[net]\ntcpp = \"x\"\n").expect("write");
+        assert!(Settings::load(Some(&f)).is_err(), "unknown keys are errors");
+        assert!(Settings::load(Some(&dir.join("missing.toml"))).is_err());
+    }
+}

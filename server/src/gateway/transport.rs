@@ -1,0 +1,103 @@
+//! The byte pipes a connection driver runs over: raw TCP, and WebSocket
+//! (binary frames carry the same packets as TCP; text frames the legacy JSON).
+
+use std::future::Future;
+use std::io;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+
+pub enum Incoming {
+    Data(Bytes),
+    Text(String),
+    Eof,
+}
+
+pub trait Transport: Send + 'static {
+    const NAME: &'static str;
+    /// Cancel-safe: used in `select!`.
+    fn recv(&mut self) -> impl Future<Output = io::Result<Incoming>> + Send;
+    fn send(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    fn send_text(&mut self, text: String) -> impl Future<Output = io::Result<()>> + Send;
+    fn shutdown(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+pub struct Tcp(pub TcpStream);
+
+impl Transport for Tcp {
+    const NAME: &'static str = "tcp";
+
+    async fn recv(&mut self) -> io::Result<Incoming> {
+        loop {
+            self.0.readable().await?;
+            // The buffer lives only between awaits, so an idle connection's
+            // task does not carry it.
+            let mut buf = [0u8; 8192];
+            match self.0.try_read(&mut buf) {
+                Ok(0) => return Ok(Incoming::Eof),
+                Ok(n) => return Ok(Incoming::Data(Bytes::copy_from_slice(&buf[..n]))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn send(&mut self, data: Bytes) -> io::Result<()> {
+        self.0.write_all(&data).await
+    }
+
+    async fn send_text(&mut self, _text: String) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "text on a TCP connection",
+        ))
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
+pub struct Ws(pub WebSocketStream<TcpStream>);
+
+impl Transport for Ws {
+    const NAME: &'static str = "ws";
+
+    async fn recv(&mut self) -> io::Result<Incoming> {
+        loop {
+            match self.0.next().await {
+                None => return Ok(Incoming::Eof),
+                Some(Err(e)) => return Err(io::Error::other(e)),
+                Some(Ok(Message::Binary(b))) => return Ok(Incoming::Data(b)),
+                Some(Ok(Message::Text(t))) => return Ok(Incoming::Text(t.as_str().to_owned())),
+                Some(Ok(Message::Close(_))) => return Ok(Incoming::Eof),
+                // Pings are answered by tungstenite on the next write or flush.
+                Some(Ok(_)) => {
+                    self.0.flush().await.map_err(io::Error::other)?;
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, data: Bytes) -> io::Result<()> {
+        self.0
+            .send(Message::Binary(data))
+            .await
+            .map_err(io::Error::other)
+    }
+
+    async fn send_text(&mut self, text: String) -> io::Result<()> {
+        self.0
+            .send(Message::Text(text.into()))
+            .await
+            .map_err(io::Error::other)
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.0.close(None).await;
+    }
+}

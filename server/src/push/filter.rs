@@ -1,0 +1,66 @@
+//! Broadcast filters: tags (any-substring match against the client's tags, as
+//! mpush) and a condition expression over the client's fields.
+//!
+//! Conditions use the `evalexpr` language, close to the JavaScript mpush
+//! accepted for simple cases: `osName == "android" && clientVersion != "1.0"`,
+//! `str::regex_matches(tags, "vip")`. Variables: `userId`, `tags`,
+//! `clientVersion`, `osName`, `osVersion`.
+
+use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
+
+use crate::gateway::registry::ConnHandle;
+
+#[derive(Debug)]
+pub struct Filter {
+    pub tags: Vec<String>,
+    pub condition: Option<Node>,
+    pub client_type: Option<i32>,
+}
+
+impl Filter {
+    /// Parses the condition once; a syntax error is the caller's 400.
+    pub fn new(
+        tags: Vec<String>,
+        condition: Option<&str>,
+        client_type: Option<i32>,
+    ) -> Result<Self, String> {
+        let condition = match condition.filter(|c| !c.trim().is_empty()) {
+            Some(c) => {
+                Some(evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            tags,
+            condition,
+            client_type,
+        })
+    }
+
+    pub fn matches(&self, user_id: &str, conn: &ConnHandle) -> bool {
+        let info = &conn.info;
+        if self.client_type.is_some_and(|ct| ct != info.client_type) {
+            return false;
+        }
+        let tags = info.tags.read().clone();
+        if !self.tags.is_empty() && !self.tags.iter().any(|t| tags.contains(t.as_str())) {
+            return false;
+        }
+        let Some(cond) = &self.condition else {
+            return true;
+        };
+        let mut ctx = HashMapContext::new();
+        let d = &info.device;
+        for (k, v) in [
+            ("userId", user_id),
+            ("tags", tags.as_str()),
+            ("clientVersion", d.client_version.as_str()),
+            ("osName", d.os_name.as_str()),
+            ("osVersion", d.os_version.as_str()),
+        ] {
+            // Setting a string variable cannot fail.
+            let _ = ctx.set_value(k.into(), Value::String(v.into()));
+        }
+        matches!(cond.eval_with_context(&ctx), Ok(Value::Boolean(true)))
+    }
+}

@@ -1,0 +1,315 @@
+//! The logic layer: message ids, delivery to users' connections, traces, the
+//! offline inbox, broadcast and topics, flow control. It holds no socket: it
+//! reaches connections through the registry's command queues.
+
+pub mod filter;
+pub mod flow;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use mpush_protocol::ack::RetryPolicy;
+use mpush_protocol::server::{OutboundPush, ServerConfig};
+use mpush_protocol::session::AckMode;
+use tokio::sync::mpsc::error::TrySendError;
+
+use crate::clock::unix_ms;
+use crate::config::Validated;
+use crate::gateway::registry::{ConnCommand, ConnHandle, Registry};
+use crate::store::{
+    InboxStore, MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces, SessionStore,
+    StoredMessage, TopicStore, TraceEvent, TraceState, TraceStore,
+};
+use filter::Filter;
+use flow::RateLimiter;
+
+/// What to send, independent of who gets it.
+#[derive(Debug, Clone)]
+pub struct MessageSpec {
+    pub content: Bytes,
+    pub ack_mode: AckMode,
+    pub client_type: Option<i32>,
+    /// Keep for offline users this long; 0 = only online devices get it.
+    pub ttl_secs: u64,
+}
+
+/// What happened to one user's copy.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserOutcome {
+    pub user_id: String,
+    /// Connections the message was handed to.
+    pub dispatched: usize,
+    /// Kept in the offline inbox (ttl set).
+    pub stored: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub struct Hub {
+    pub cfg: Arc<Validated>,
+    pub proto: Arc<ServerConfig>,
+    pub registry: Registry,
+    pub sessions: Arc<dyn SessionStore>,
+    pub traces: Arc<dyn TraceStore>,
+    pub inbox: Arc<dyn InboxStore>,
+    pub topics: Arc<dyn TopicStore>,
+    pub push_limiter: RateLimiter,
+    pub broadcast_limiter: RateLimiter,
+    next_message: AtomicU64,
+    next_conn: AtomicU64,
+    /// Every open connection, bound or not.
+    pub connections: AtomicUsize,
+    pub draining: AtomicBool,
+    /// Flips to true when the server shuts down; every driver watches it.
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl Hub {
+    /// The embedded default: every store in memory.
+    pub fn in_memory(cfg: Arc<Validated>) -> Arc<Self> {
+        let d = &cfg.settings.delivery;
+        let sessions = Arc::new(MemorySessions::default());
+        let traces = Arc::new(MemoryTraces::new(d.trace_ttl_secs));
+        let inbox = Arc::new(MemoryInbox::new(d.inbox_max));
+        let topics = Arc::new(MemoryTopics::default());
+        Self::new(cfg, sessions, traces, inbox, topics)
+    }
+
+    pub fn new(
+        cfg: Arc<Validated>,
+        sessions: Arc<dyn SessionStore>,
+        traces: Arc<dyn TraceStore>,
+        inbox: Arc<dyn InboxStore>,
+        topics: Arc<dyn TopicStore>,
+    ) -> Arc<Self> {
+        let s = &cfg.settings;
+        let mut proto = ServerConfig::new(cfg.private_key.clone());
+        proto.min_heartbeat = Duration::from_millis(s.limits.min_heartbeat_ms);
+        proto.max_heartbeat = Duration::from_millis(s.limits.max_heartbeat_ms);
+        proto.max_body = s.limits.max_packet_size;
+        proto.session_ttl = Duration::from_secs(s.delivery.session_ttl_secs);
+        proto.ack_retry = RetryPolicy {
+            waits: s
+                .delivery
+                .ack_waits_ms
+                .iter()
+                .map(|ms| Duration::from_millis(*ms))
+                .collect(),
+            retries: s.delivery.ack_retries,
+        };
+        // Ids stay unique across restarts (clients deduplicate by them): the
+        // counter starts at the start-up time in ms, shifted left 16 bits.
+        let first_id = u64::try_from(unix_ms()).unwrap_or(0) << 16;
+        Arc::new(Self {
+            push_limiter: RateLimiter::new(s.delivery.push_rate),
+            broadcast_limiter: RateLimiter::new(s.delivery.broadcast_rate),
+            proto: Arc::new(proto),
+            registry: Registry::default(),
+            sessions,
+            traces,
+            inbox,
+            topics,
+            next_message: AtomicU64::new(first_id),
+            next_conn: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            shutdown: tokio::sync::watch::channel(false).0,
+            cfg,
+        })
+    }
+
+    pub fn next_message_id(&self) -> u64 {
+        self.next_message.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub async fn trace(
+        &self,
+        trace_id: &str,
+        user: &str,
+        device: &str,
+        client_type: i32,
+        state: TraceState,
+        detail: Option<String>,
+    ) {
+        self.traces
+            .record(TraceEvent {
+                trace_id,
+                user_id: user,
+                device_id: device,
+                client_type,
+                state,
+                detail,
+                at_ms: unix_ms(),
+            })
+            .await;
+    }
+
+    /// Delivers one message to one user: to each matching online device, and
+    /// to the inbox when `ttl_secs` is set.
+    pub async fn push_user(
+        &self,
+        trace_id: &str,
+        spec: &MessageSpec,
+        user_id: &str,
+    ) -> UserOutcome {
+        self.push_limiter.acquire().await;
+        let message_id = self.next_message_id();
+        let now = unix_ms();
+        let expires_at_ms = if spec.ttl_secs > 0 {
+            now + i64::try_from(spec.ttl_secs).unwrap_or(0) * 1000
+        } else {
+            0
+        };
+        let mut outcome = UserOutcome {
+            user_id: user_id.to_owned(),
+            dispatched: 0,
+            stored: false,
+            error: None,
+        };
+        if spec.ttl_secs > 0 {
+            let stored = StoredMessage {
+                message_id,
+                trace_id: trace_id.to_owned(),
+                content: spec.content.clone(),
+                ack_mode: spec.ack_mode,
+                client_type: spec.client_type,
+                expires_at_ms,
+            };
+            match self.inbox.push(user_id, stored).await {
+                Ok(()) => outcome.stored = true,
+                Err(e) => {
+                    metrics::counter!("mpush_inbox_full_total").increment(1);
+                    outcome.error = Some(e.to_string());
+                }
+            }
+        }
+        let routes: Vec<ConnHandle> = self
+            .registry
+            .lookup(user_id)
+            .into_iter()
+            .filter(|h| spec.client_type.is_none_or(|ct| ct == h.info.client_type))
+            .collect();
+        for h in &routes {
+            let push = OutboundPush {
+                message_id,
+                trace_id: trace_id.to_owned(),
+                content: spec.content.clone(),
+                ack_mode: spec.ack_mode,
+                expires_at_ms: u64::try_from(expires_at_ms).unwrap_or(0),
+            };
+            if self.send(h, user_id, push).await {
+                outcome.dispatched += 1;
+            }
+        }
+        if routes.is_empty() {
+            let detail = if outcome.stored {
+                format!("kept {}s for the user's next connection", spec.ttl_secs)
+            } else {
+                "user offline".to_owned()
+            };
+            let state = if outcome.error.is_some() {
+                TraceState::Failed
+            } else {
+                TraceState::Offline
+            };
+            let detail = outcome.error.clone().unwrap_or(detail);
+            self.trace(
+                trace_id,
+                user_id,
+                "",
+                spec.client_type.unwrap_or(-1),
+                state,
+                Some(detail),
+            )
+            .await;
+        }
+        metrics::counter!("mpush_pushes_total").increment(1);
+        outcome
+    }
+
+    /// Hands a push to a connection's queue; a full queue is a slow consumer.
+    async fn send(&self, h: &ConnHandle, user_id: &str, push: OutboundPush) -> bool {
+        let trace_id = push.trace_id.clone();
+        let (device, ct) = (h.info.device.device_id.as_str(), h.info.client_type);
+        match h.tx.try_send(ConnCommand::Push(Box::new(push))) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                metrics::counter!("mpush_slow_consumer_total").increment(1);
+                self.trace(
+                    &trace_id,
+                    user_id,
+                    device,
+                    ct,
+                    TraceState::Failed,
+                    Some("slow consumer: the connection's outbound queue is full".into()),
+                )
+                .await;
+                false
+            }
+            Err(TrySendError::Closed(_)) => {
+                self.trace(
+                    &trace_id,
+                    user_id,
+                    device,
+                    ct,
+                    TraceState::Offline,
+                    Some("connection closed".into()),
+                )
+                .await;
+                false
+            }
+        }
+    }
+
+    /// Sends to every online connection that passes `filter`, at the broadcast
+    /// rate, up to `broadcast_max`. Returns how many were targeted.
+    pub async fn broadcast(&self, trace_id: &str, spec: &MessageSpec, filter: &Filter) -> usize {
+        let message_id = self.next_message_id();
+        let targets: Vec<(String, ConnHandle)> = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .filter(|(u, h)| filter.matches(u, h))
+            .take(self.cfg.settings.delivery.broadcast_max)
+            .collect();
+        for (user, h) in &targets {
+            self.broadcast_limiter.acquire().await;
+            let push = OutboundPush {
+                message_id,
+                trace_id: trace_id.to_owned(),
+                content: spec.content.clone(),
+                ack_mode: spec.ack_mode,
+                expires_at_ms: 0,
+            };
+            self.send(h, user, push).await;
+        }
+        metrics::counter!("mpush_broadcast_deliveries_total").increment(targets.len() as u64);
+        targets.len()
+    }
+
+    /// Messages waiting for `user_id` that a connection of `client_type` may get.
+    pub async fn pending_for(&self, user_id: &str, client_type: i32) -> Vec<StoredMessage> {
+        self.inbox
+            .list(user_id, unix_ms())
+            .await
+            .into_iter()
+            .filter(|m| m.client_type.is_none_or(|ct| ct == client_type))
+            .collect()
+    }
+
+    /// Starts a trace and returns its id (the caller's, or a new one).
+    pub async fn start_trace(&self, trace_id: Option<String>) -> String {
+        let id = trace_id
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| crate::clock::random_hex(16));
+        self.traces.create(&id, unix_ms()).await;
+        id
+    }
+}
