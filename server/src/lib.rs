@@ -74,6 +74,7 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
     let tcp_addr = tcp.local_addr()?;
     let http_addr = http.local_addr()?;
     let ws_addr = ws.as_ref().map(TcpListener::local_addr).transpose()?;
+    let _ = hub.tcp_addr.set(tcp_addr);
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(gateway::accept_loop(
         tcp,

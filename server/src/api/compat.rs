@@ -149,7 +149,12 @@ pub async fn exec(
 pub async fn alloc_servers(State(s): State<ApiState>) -> impl IntoResponse {
     let net = &s.hub.cfg.settings.net;
     let addr = if net.public_address.is_empty() {
-        s.hub.cfg.tcp.to_string()
+        s.hub
+            .tcp_addr
+            .get()
+            .copied()
+            .unwrap_or(s.hub.cfg.tcp)
+            .to_string()
     } else {
         net.public_address.clone()
     };

@@ -7,6 +7,7 @@
 //! `clientVersion`, `osName`, `osVersion`.
 
 use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
+use mpush_protocol::session::DeviceInfo;
 
 use crate::gateway::registry::ConnHandle;
 
@@ -18,7 +19,8 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// Parses the condition once; a syntax error is the caller's 400.
+    /// Parses the condition once and tries it on empty fields: a syntax error
+    /// or a non-boolean result is the caller's 400.
     pub fn new(
         tags: Vec<String>,
         condition: Option<&str>,
@@ -26,7 +28,16 @@ impl Filter {
     ) -> Result<Self, String> {
         let condition = match condition.filter(|c| !c.trim().is_empty()) {
             Some(c) => {
-                Some(evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?)
+                let node =
+                    evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?;
+                match node.eval_with_context(&context("", "", &DeviceInfo::default())) {
+                    Ok(Value::Boolean(_)) => {}
+                    Ok(other) => {
+                        return Err(format!("condition must be true or false, not `{other}`"));
+                    }
+                    Err(e) => return Err(format!("condition: {e}")),
+                }
+                Some(node)
             }
             None => None,
         };
@@ -49,18 +60,24 @@ impl Filter {
         let Some(cond) = &self.condition else {
             return true;
         };
-        let mut ctx = HashMapContext::new();
-        let d = &info.device;
-        for (k, v) in [
-            ("userId", user_id),
-            ("tags", tags.as_str()),
-            ("clientVersion", d.client_version.as_str()),
-            ("osName", d.os_name.as_str()),
-            ("osVersion", d.os_version.as_str()),
-        ] {
-            // Setting a string variable cannot fail.
-            let _ = ctx.set_value(k.into(), Value::String(v.into()));
-        }
-        matches!(cond.eval_with_context(&ctx), Ok(Value::Boolean(true)))
+        matches!(
+            cond.eval_with_context(&context(user_id, &tags, &info.device)),
+            Ok(Value::Boolean(true))
+        )
     }
+}
+
+fn context(user_id: &str, tags: &str, d: &DeviceInfo) -> HashMapContext {
+    let mut ctx = HashMapContext::new();
+    for (k, v) in [
+        ("userId", user_id),
+        ("tags", tags),
+        ("clientVersion", d.client_version.as_str()),
+        ("osName", d.os_name.as_str()),
+        ("osVersion", d.os_version.as_str()),
+    ] {
+        // Setting a string variable cannot fail.
+        let _ = ctx.set_value(k.into(), Value::String(v.into()));
+    }
+    ctx
 }

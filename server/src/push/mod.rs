@@ -65,6 +65,8 @@ pub struct Hub {
     pub draining: AtomicBool,
     /// Flips to true when the server shuts down; every driver watches it.
     pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// The TCP gateway's bound address (known once listening).
+    pub tcp_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Hub {
@@ -117,6 +119,7 @@ impl Hub {
             connections: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             shutdown: tokio::sync::watch::channel(false).0,
+            tcp_addr: std::sync::OnceLock::new(),
             cfg,
         })
     }

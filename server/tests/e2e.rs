@@ -1,0 +1,514 @@
+//! End-to-end: a real server on 127.0.0.1:0, real sockets, clients that behave
+//! like mpush-client-java 0.8.1 (legacy) and v2 clients, over TCP and WebSocket.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mpush_protocol::client::ClientEvent;
+use mpush_protocol::session::Profile;
+use serde_json::json;
+
+#[tokio::test]
+async fn handshake_bind_and_push_in_each_ack_mode_over_each_transport() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    for (via, v2) in [
+        (Via::Tcp, false),
+        (Via::Tcp, true),
+        (Via::Ws, false),
+        (Via::Ws, true),
+    ] {
+        let user = format!("u-{via:?}-{v2}");
+        let mut c = TestClient::connect(
+            &server,
+            via,
+            v2,
+            device(&format!("d-{user}"), "android"),
+            None,
+        )
+        .await;
+        let ClientEvent::Connected { profile, .. } = c.connected().await else {
+            unreachable!()
+        };
+        assert_eq!(profile, if v2 { Profile::V2 } else { Profile::Legacy });
+        c.bind(&user, "").await;
+
+        // none: DISPATCHED is as far as the server can know.
+        let (st, r) = api
+            .post("/api/v1/push", json!({"userId": user, "content": "m-none"}))
+            .await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["dispatched"], 1);
+        c.message("m-none").await;
+        api.trace_state(
+            r["traceId"].as_str().unwrap_or_default(),
+            &user,
+            "DISPATCHED",
+        )
+        .await;
+
+        // auto: the SDK acks on receipt: DELIVERED.
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": user, "content": "m-auto", "ackMode": "auto"}),
+            )
+            .await;
+        c.message("m-auto").await;
+        let t = api
+            .trace_state(
+                r["traceId"].as_str().unwrap_or_default(),
+                &user,
+                "DELIVERED",
+            )
+            .await;
+        assert_eq!(t["recipients"][0]["deviceId"], format!("d-{user}"));
+
+        // biz: the app acks: ACK.
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": user, "content": "m-biz", "ackMode": "biz"}),
+            )
+            .await;
+        let ClientEvent::Message(m) = c.message("m-biz").await else {
+            unreachable!()
+        };
+        c.ack(m.ack.expect("biz messages carry an ack token"));
+        api.trace_state(r["traceId"].as_str().unwrap_or_default(), &user, "ACK")
+            .await;
+        c.close();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn missing_acks_are_retried_then_time_out() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    for v2 in [false, true] {
+        let user = format!("slow-{v2}");
+        let mut c =
+            TestClient::connect(&server, Via::Tcp, v2, device(&user, "android"), None).await;
+        c.connected().await;
+        c.bind(&user, "").await;
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": user, "content": "never acked", "ackMode": "biz"}),
+            )
+            .await;
+        let trace = r["traceId"].as_str().unwrap_or_default().to_owned();
+        // 300 ms x 4 attempts with the test settings.
+        let t = api.trace_state(&trace, &user, "TIMEOUT").await;
+        let history = t["recipients"][0]["history"].as_array().map_or(0, Vec::len);
+        assert!(history >= 2, "{t}");
+        c.settle(Duration::from_millis(200)).await;
+        assert_eq!(
+            c.messages(),
+            vec!["never acked"],
+            "retries are deduplicated by the client"
+        );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn fast_connect_resumes_and_falls_back() {
+    let server = start(settings()).await;
+    for v2 in [false, true] {
+        let dev = device(&format!("fc-{v2}"), "android");
+        let mut c = TestClient::connect(&server, Via::Tcp, v2, dev.clone(), None).await;
+        let ClientEvent::Connected { ticket, .. } = c.connected().await else {
+            unreachable!()
+        };
+        let ticket = ticket.expect("a resume ticket");
+        c.close();
+        let mut again =
+            TestClient::connect(&server, Via::Tcp, v2, dev.clone(), Some(ticket.clone())).await;
+        let ClientEvent::Connected {
+            resumed, profile, ..
+        } = again.connected().await
+        else {
+            unreachable!()
+        };
+        assert!(resumed, "fast connect (v2={v2})");
+        assert_eq!(profile == Profile::V2, v2);
+        again.bind("fc-user", "").await;
+        again.close();
+        // Unknown session: ERROR 103, then a full handshake on the same socket.
+        let mut bogus = ticket.clone();
+        bogus.session_id = "00000000000000000000000000000000".into();
+        let mut c3 = TestClient::connect(&server, Via::Tcp, v2, dev, Some(bogus)).await;
+        c3.wait_for("resume rejected", |e| {
+            matches!(e, ClientEvent::ResumeRejected { .. })
+        })
+        .await;
+        let ClientEvent::Connected { resumed, .. } = c3.connected().await else {
+            unreachable!()
+        };
+        assert!(!resumed);
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicate_login_kicks_the_older_device_of_the_same_type() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut phone1 =
+        TestClient::connect(&server, Via::Tcp, false, device("phone-1", "android"), None).await;
+    phone1.connected().await;
+    phone1.bind("alice", "").await;
+    let mut pc =
+        TestClient::connect(&server, Via::Tcp, true, device("pc-1", "windows"), None).await;
+    pc.connected().await;
+    pc.bind("alice", "").await;
+    let mut phone2 =
+        TestClient::connect(&server, Via::Tcp, true, device("phone-2", "ios"), None).await;
+    phone2.connected().await;
+    phone2.bind("alice", "").await;
+    phone1
+        .wait_for("kick", |e| matches!(e, ClientEvent::Kicked { device_id, user_id } if device_id == "phone-1" && user_id == "alice"))
+        .await;
+    let (_, u) = api.get("/api/v1/users/alice").await;
+    let mut devices: Vec<String> = u["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| d["deviceId"].as_str().unwrap_or("").to_owned())
+        .collect();
+    devices.sort();
+    assert_eq!(devices, vec!["pc-1", "phone-2"], "{u}");
+    // A push reaches both current devices, not the kicked one.
+    api.post(
+        "/api/v1/push",
+        json!({"userId": "alice", "content": "hi all"}),
+    )
+    .await;
+    phone2.message("hi all").await;
+    pc.message("hi all").await;
+    phone1.settle(Duration::from_millis(200)).await;
+    assert!(phone1.messages().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn offline_messages_arrive_in_order_after_reconnect_and_leave_the_inbox_when_acked() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut traces = Vec::new();
+    for i in 0..3 {
+        let (st, r) = api.post("/api/v1/push", json!({"userId": "bob", "content": format!("offline {i}"), "ackMode": "auto", "ttlSeconds": 60})).await;
+        assert_eq!((st, r["stored"].as_bool()), (200, Some(true)), "{r}");
+        traces.push(r["traceId"].as_str().unwrap_or_default().to_owned());
+    }
+    api.trace_state(&traces[0], "bob", "OFFLINE").await;
+    let (_, u) = api.get("/api/v1/users/bob").await;
+    assert_eq!(u["inbox"], 3);
+    let mut c = TestClient::connect(
+        &server,
+        Via::Tcp,
+        true,
+        device("bob-phone", "android"),
+        None,
+    )
+    .await;
+    c.connected().await;
+    c.bind("bob", "").await;
+    c.message("offline 2").await;
+    assert_eq!(c.messages(), vec!["offline 0", "offline 1", "offline 2"]);
+    for t in &traces {
+        api.trace_state(t, "bob", "DELIVERED").await;
+    }
+    let (_, u) = api.get("/api/v1/users/bob").await;
+    assert_eq!(u["inbox"], 0, "{u}");
+    // Without a TTL an offline user gets nothing later.
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "carol", "content": "gone"}),
+        )
+        .await;
+    assert_eq!(r["stored"], false);
+    api.trace_state(
+        r["traceId"].as_str().unwrap_or_default(),
+        "carol",
+        "OFFLINE",
+    )
+    .await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn broadcast_with_a_tag_filter_and_topic_push() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut clients = Vec::new();
+    for (user, tags) in [("t1", "vip,beta"), ("t2", "beta"), ("t3", "vip")] {
+        let mut c =
+            TestClient::connect(&server, Via::Tcp, true, device(user, "android"), None).await;
+        c.connected().await;
+        c.bind(user, tags).await;
+        clients.push(c);
+    }
+    let (st, r) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "for vips", "tags": ["vip"]}),
+        )
+        .await;
+    assert_eq!(st, 202, "{r}");
+    clients[0].message("for vips").await;
+    clients[2].message("for vips").await;
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "cond", "condition": "userId == \"t2\""}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    clients[1].message("cond").await;
+    clients[1].settle(Duration::from_millis(200)).await;
+    assert_eq!(clients[1].messages(), vec!["cond"], "t2 has no vip tag");
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "x", "condition": "userId == ("}),
+        )
+        .await;
+    assert_eq!(st, 400, "a bad condition is the caller's error");
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "x", "condition": "userId"}),
+        )
+        .await;
+    assert_eq!(st, 400, "a condition must be boolean");
+
+    for u in ["t1", "t3", "nobody-online"] {
+        let (st, _) = api
+            .text(
+                reqwest::Method::PUT,
+                &format!("/api/v1/topics/news/subscribers/{u}"),
+                None,
+            )
+            .await;
+        assert_eq!(st, 200);
+    }
+    let (st, r) = api
+        .post(
+            "/api/v1/topics/news/push",
+            json!({"content": "news!", "ackMode": "auto"}),
+        )
+        .await;
+    assert_eq!((st, r["subscribers"].as_u64()), (202, Some(3)), "{r}");
+    clients[0].message("news!").await;
+    clients[2].message("news!").await;
+    let trace = r["traceId"].as_str().unwrap_or_default();
+    api.trace_state(trace, "t1", "DELIVERED").await;
+    api.trace_state(trace, "nobody-online", "OFFLINE").await;
+    let (st, _) = api
+        .text(
+            reqwest::Method::DELETE,
+            "/api/v1/topics/news/subscribers/t3",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200);
+    let (st, _) = api
+        .text(
+            reqwest::Method::DELETE,
+            "/api/v1/topics/news/subscribers/t3",
+            None,
+        )
+        .await;
+    assert_eq!(st, 404);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn mpush_compatible_exec_and_alloc_routes() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut c = TestClient::connect(
+        &server,
+        Via::Tcp,
+        false,
+        device("legacy-1", "android"),
+        None,
+    )
+    .await;
+    c.connected().await;
+    c.bind("dave", "").await;
+
+    // /exec method=push as a form, as mpush's alloc received it.
+    let r = api
+        .http
+        .post(format!("{}/exec", api.base))
+        .form(&[
+            ("method", "push"),
+            ("userId", "dave"),
+            ("msgbody", "via exec"),
+            ("ack", "true"),
+            ("traceId", "trace-exec-1"),
+        ])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(v["traceId"], "trace-exec-1");
+    c.message("via exec").await;
+    api.trace_state("trace-exec-1", "dave", "DELIVERED").await;
+    let (st, q) = api
+        .get("/exec?method=queryTrace&traceId=trace-exec-1")
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(q["states"]["dave"], "DELIVERED", "{q}");
+
+    api.text(
+        reqwest::Method::PUT,
+        "/api/v1/topics/sports/subscribers/dave",
+        None,
+    )
+    .await;
+    let (st, t) = api
+        .post(
+            "/exec",
+            json!({"method": "topicPush", "topic": "sports", "msgbody": "goal"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{t}");
+    c.message("goal").await;
+    let (st, e) = api.post("/exec", json!({"method": "nope"})).await;
+    assert_eq!(st, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nope")
+    );
+
+    // alloc: GET / lists the connect server; POST /push sends alloc's message.
+    let (st, list) = api.text(reqwest::Method::GET, "/", None).await;
+    assert_eq!((st, list), (200, server.tcp.to_string()));
+    let (st, reply) = api
+        .text(
+            reqwest::Method::POST,
+            "/push",
+            Some(json!({"userId": "dave", "hello": "hi"})),
+        )
+        .await;
+    assert_eq!(
+        (st, reply.as_str()),
+        (200, "服务已经开始推送,请注意查收消息")
+    );
+    let ev = c.wait_for("alloc push", |e| matches!(e, ClientEvent::Message(m) if String::from_utf8_lossy(&m.content).contains("msgType"))).await;
+    let ClientEvent::Message(m) = ev else {
+        unreachable!()
+    };
+    let v: serde_json::Value = serde_json::from_slice(&m.content).expect("alloc's PushMsg JSON");
+    assert_eq!(v["msgType"], 3);
+    assert!(
+        v["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("MPush开源推送，hi")
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn legacy_javascript_client_speaks_json_over_websocket() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut js = JsonClient::connect(&server).await;
+    js.send(json!({"cmd": 2, "flags": 16, "sessionId": 1, "body": {"deviceId": "browser-1", "osName": "web", "osVersion": "x", "clientVersion": "1"}})).await;
+    let hs = js.recv().await;
+    assert_eq!(
+        (hs["cmd"].as_u64(), hs["sessionId"].as_u64()),
+        (Some(2), Some(1))
+    );
+    js.send(
+        json!({"cmd": 5, "flags": 16, "sessionId": 2, "body": {"userId": "erin", "tags": "web"}}),
+    )
+    .await;
+    let ok = js.recv().await;
+    assert_eq!(
+        (ok["cmd"].as_u64(), ok["body"]["data"].as_str()),
+        (Some(11), Some("bind success")),
+        "{ok}"
+    );
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "erin", "content": "to the browser", "ackMode": "auto"}),
+        )
+        .await;
+    let push = js.recv().await;
+    assert_eq!(push["cmd"], 15);
+    assert_eq!(push["body"]["content"], "to the browser");
+    assert_eq!(push["flags"].as_u64().unwrap_or(0) & 8, 8, "auto-ack flag");
+    js.send(json!({"cmd": 23, "flags": 16, "sessionId": push["sessionId"], "body": null}))
+        .await;
+    api.trace_state(
+        r["traceId"].as_str().unwrap_or_default(),
+        "erin",
+        "DELIVERED",
+    )
+    .await;
+    let (_, u) = api.get("/api/v1/users/erin").await;
+    assert_eq!(u["devices"][0]["transport"], "ws");
+    assert_eq!(u["devices"][0]["clientType"], 3);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn api_kick_closes_the_device() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut c = TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
+    c.connected().await;
+    c.bind("frank", "").await;
+    let (st, r) = api.post("/api/v1/users/frank/kick", json!({})).await;
+    assert_eq!((st, r["kicked"].as_u64()), (200, Some(1)), "{r}");
+    c.wait_for("kick", |e| matches!(e, ClientEvent::Kicked { .. }))
+        .await;
+    c.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
+        .await;
+    let (st, _) = api.post("/api/v1/users/frank/kick", json!({})).await;
+    assert_eq!(st, 404);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut v2 =
+        TestClient::connect(&server, Via::Tcp, true, device("sd-1", "android"), None).await;
+    v2.connected().await;
+    v2.bind("gina", "").await;
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "gina", "content": "keep me", "ackMode": "biz", "ttlSeconds": 600}),
+        )
+        .await;
+    assert_eq!(r["stored"], true);
+    v2.message("keep me").await;
+    let hub = server.hub.clone();
+    let t0 = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "drain is bounded");
+    v2.wait_for("redirect", |e| matches!(e, ClientEvent::Redirect(_)))
+        .await;
+    v2.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
+        .await;
+    let kept = hub.inbox.list("gina", unix_ms()).await;
+    assert_eq!(kept.len(), 1, "the un-ACKed message stays in the inbox");
+    assert_eq!(&kept[0].content[..], b"keep me");
+}
