@@ -94,7 +94,7 @@ async fn auth(
 
 /// The body fields every push shares.
 #[derive(Debug, Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct MessageBody {
     pub content: Option<String>,
     pub content_base64: Option<String>,
@@ -103,10 +103,21 @@ pub struct MessageBody {
     pub trace_id: Option<String>,
     pub timeout_ms: Option<u64>,
     pub ttl_seconds: Option<u64>,
+    /// Anything else: refused (serde's `deny_unknown_fields` does not work
+    /// through `flatten`, which the request bodies use).
+    #[serde(flatten)]
+    pub unknown: std::collections::BTreeMap<String, Value>,
 }
 
 impl MessageBody {
     pub fn spec(&self, hub: &Hub) -> Result<MessageSpec, ApiError> {
+        if !self.unknown.is_empty() {
+            let names: Vec<&str> = self.unknown.keys().map(String::as_str).collect();
+            return Err(ApiError::bad_request(format!(
+                "unknown field(s): {}",
+                names.join(", ")
+            )));
+        }
         let content: Bytes = match (&self.content, &self.content_base64) {
             (Some(c), None) => Bytes::copy_from_slice(c.as_bytes()),
             (None, Some(b)) => base64::engine::general_purpose::STANDARD

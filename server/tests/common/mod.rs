@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use mpush_protocol::Instant;
 use mpush_protocol::client::{AckToken, ClientConfig, ClientConnection, ClientEvent};
@@ -179,7 +178,7 @@ impl TestClient {
         let t = text.to_owned();
         self.wait_for(
             text,
-            move |e| matches!(e, ClientEvent::Message(m) if m.content == Bytes::from(t.clone())),
+            move |e| matches!(e, ClientEvent::Message(m) if m.content[..] == *t.as_bytes()),
         )
         .await
     }
