@@ -306,8 +306,8 @@ impl ServerConnection {
                 Err(e) => self.frame_error(e),
             }
         }
-        if self.inbuf.is_empty() && self.inbuf.capacity() > 4096 {
-            // Give back a large read buffer once an oversized frame is done.
+        if self.inbuf.is_empty() {
+            // An idle connection holds no read buffer at all.
             self.inbuf = BytesMut::new();
         }
     }

@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use super::registry::{ConnCommand, ConnHandle, ConnInfo};
+use super::registry::{ConnCommand, ConnHandle, ConnInfo, Kick};
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
 use crate::push::Hub;
@@ -224,7 +224,7 @@ impl<T: Transport> Driver<T> {
         let now = Instant::now();
         match c {
             ConnCommand::Push(p) => self.push(*p, now),
-            ConnCommand::Kicked { device_id, user_id } => self.machine.kick(&device_id, &user_id),
+            ConnCommand::Kicked(k) => self.machine.kick(&k.device_id, &k.user_id),
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
                     let device = info.device.device_id.clone();
@@ -477,10 +477,10 @@ impl<T: Transport> Driver<T> {
         if let Some(old) = self.hub.registry.bind(&user_id, handle) {
             // mpush 7.4: the older connection of the same client type is told
             // who replaced it; it stays open (its client decides).
-            let _ = old.tx.try_send(ConnCommand::Kicked {
+            let _ = old.tx.try_send(ConnCommand::Kicked(Box::new(Kick {
                 device_id: old.info.device.device_id.clone(),
                 user_id: user_id.clone(),
-            });
+            })));
             metrics::counter!("mpush_kicks_total").increment(1);
         }
         self.user = Some(user_id.clone());

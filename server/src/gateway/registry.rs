@@ -16,15 +16,20 @@ use tokio::sync::mpsc;
 pub enum ConnCommand {
     Push(Box<OutboundPush>),
     /// Another device took this connection's place: send KICK (mpush keeps
-    /// the connection open; its client decides).
-    Kicked {
-        device_id: String,
-        user_id: String,
-    },
+    /// the connection open; its client decides). Boxed, like `Push`, so a
+    /// command is two words and each connection's queue blocks stay small.
+    Kicked(Box<Kick>),
     /// The API kicked the user: send KICK and close.
     KickAndClose,
     /// Shutdown: redirect v2 clients, drain ACKs, close.
     Drain,
+}
+
+/// Who replaced a connection.
+#[derive(Debug)]
+pub struct Kick {
+    pub device_id: String,
+    pub user_id: String,
 }
 
 /// Facts about a live connection.
