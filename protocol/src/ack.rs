@@ -58,6 +58,8 @@ pub enum Expiry {
 struct Entry {
     attempt: u32,
     deadline: Instant,
+    /// Overrides the policy's waits for this key.
+    wait: Option<Duration>,
 }
 
 /// Tracks in-flight keys and their retry deadlines.
@@ -89,12 +91,19 @@ impl<K: Eq + Hash + Clone> AckTracker<K> {
 
     /// Starts tracking `key`, sent at `now`.
     pub fn insert(&mut self, key: K, now: Instant) {
-        let deadline = now + self.policy.wait_after(0);
+        self.insert_with_wait(key, now, None);
+    }
+
+    /// Like `insert`, but every attempt of this key waits `wait` when given
+    /// (the policy's number of retries still applies).
+    pub fn insert_with_wait(&mut self, key: K, now: Instant, wait: Option<Duration>) {
+        let deadline = now + wait.unwrap_or_else(|| self.policy.wait_after(0));
         self.inflight.insert(
             key,
             Entry {
                 attempt: 0,
                 deadline,
+                wait,
             },
         );
     }
@@ -120,7 +129,7 @@ impl<K: Eq + Hash + Clone> AckTracker<K> {
             }
             if e.attempt < policy.retries {
                 e.attempt += 1;
-                e.deadline = now + policy.wait_after(e.attempt);
+                e.deadline = now + e.wait.unwrap_or_else(|| policy.wait_after(e.attempt));
                 out.push((k.clone(), Expiry::Retry { attempt: e.attempt }));
                 true
             } else {
@@ -160,6 +169,20 @@ mod tests {
         assert_eq!(t.next_deadline(), Some(t0 + s(18)));
         assert_eq!(t.expire(t0 + s(18)), vec![(1, Expiry::GaveUp)]);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_per_key_wait_overrides_the_policy() {
+        let t0 = Instant::now();
+        let mut t = AckTracker::new(RetryPolicy::default());
+        t.insert_with_wait(1u64, t0, Some(Duration::from_millis(500)));
+        let ms = Duration::from_millis;
+        assert_eq!(t.next_deadline(), Some(t0 + ms(500)));
+        assert_eq!(
+            t.expire(t0 + ms(500)),
+            vec![(1, Expiry::Retry { attempt: 1 })]
+        );
+        assert_eq!(t.next_deadline(), Some(t0 + ms(1000)));
     }
 
     #[test]

@@ -228,7 +228,8 @@ impl JsonServerConnection {
         let p = json::push(id, &push.content, push.ack_mode.flags());
         self.out.push_back(p.to_text());
         if tracked {
-            self.acks.insert(push.message_id, now);
+            self.acks
+                .insert_with_wait(push.message_id, now, push.ack_timeout);
             self.by_packet.insert(id, push.message_id);
             self.inflight.insert(push.message_id, (id, p));
         }
@@ -386,6 +387,7 @@ mod tests {
                     content: Bytes::from_static(b"hi"),
                     ack_mode: AckMode::Auto,
                     expires_at_ms: 0,
+                    ack_timeout: None,
                 },
                 now,
             )

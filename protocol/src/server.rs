@@ -87,6 +87,8 @@ pub struct OutboundPush {
     pub ack_mode: AckMode,
     /// Unix milliseconds after which the client drops it; 0 = never (v2 only).
     pub expires_at_ms: u64,
+    /// How long each attempt waits for the ACK; `None`: the config's policy.
+    pub ack_timeout: Option<Duration>,
 }
 
 /// Why a push was not sent.
@@ -504,7 +506,8 @@ impl ServerConnection {
         };
         self.send_sealed(Command::PUSH, packet_id, flags, &body);
         if tracked {
-            self.acks.insert(push.message_id, now);
+            self.acks
+                .insert_with_wait(push.message_id, now, push.ack_timeout);
             self.legacy_ids.insert(packet_id, push.message_id);
             self.inflight.insert(
                 push.message_id,

@@ -54,6 +54,7 @@ fn push(p: &mut Pair, id: u64, mode: AckMode) -> Result<i32, PushError> {
             content: Bytes::from(format!("hello {id}")),
             ack_mode: mode,
             expires_at_ms: 0,
+            ack_timeout: None,
         },
         now,
     );

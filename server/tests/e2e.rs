@@ -512,3 +512,66 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
     assert_eq!(kept.len(), 1, "the un-ACKed message stays in the inbox");
     assert_eq!(&kept[0].content[..], b"keep me");
 }
+
+#[tokio::test]
+async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
+    let mut s = settings();
+    s.delivery.ack_waits_ms = vec![60_000];
+    s.delivery.inbox_max = 1;
+    let server = start(s).await;
+    let api = Api::new(&server);
+    // A broadcast nobody matches stays ACCEPTED.
+    let (_, r) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "nobody", "tags": ["none"]}),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, t) = api
+        .get(&format!(
+            "/api/v1/traces/{}",
+            r["traceId"].as_str().unwrap_or_default()
+        ))
+        .await;
+    assert_eq!(t["state"], "ACCEPTED", "{t}");
+    // A full inbox is reported, never silently dropped.
+    api.post(
+        "/api/v1/push",
+        json!({"userId": "ivy", "content": "1", "ttlSeconds": 60}),
+    )
+    .await;
+    let (st, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "ivy", "content": "2", "ttlSeconds": 60}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    assert!(r["error"].as_str().unwrap_or("").contains("full"), "{r}");
+    let t = api
+        .trace_state(r["traceId"].as_str().unwrap_or_default(), "ivy", "FAILED")
+        .await;
+    assert!(
+        t["recipients"][0]["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("full"),
+        "{t}"
+    );
+    // timeoutMs overrides the configured 60 s wait for this message.
+    let mut c = TestClient::connect(&server, Via::Tcp, true, device("to-1", "android"), None).await;
+    c.connected().await;
+    c.bind("jack", "").await;
+    let t0 = std::time::Instant::now();
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "jack", "content": "quick", "ackMode": "biz", "timeoutMs": 100}),
+        )
+        .await;
+    api.trace_state(r["traceId"].as_str().unwrap_or_default(), "jack", "TIMEOUT")
+        .await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    server.shutdown().await;
+}

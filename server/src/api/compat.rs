@@ -94,6 +94,7 @@ pub async fn exec(
                 .and_then(|t| t.parse().ok())
                 .unwrap_or(0)
                 .min(s.hub.cfg.settings.delivery.max_ttl_secs),
+            ack_timeout: None,
         })
     };
     match method {
@@ -190,6 +191,7 @@ pub async fn alloc_push(
         ack_mode: AckMode::None,
         client_type: None,
         ttl_secs: 0,
+        ack_timeout: None,
     };
     draining(&s.hub)?;
     let trace_id = s.hub.start_trace(None).await;

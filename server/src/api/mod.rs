@@ -164,6 +164,7 @@ impl MessageBody {
             ack_mode,
             client_type: parse_client_type(self.client_type.as_ref())?,
             ttl_secs,
+            ack_timeout: self.timeout_ms.map(std::time::Duration::from_millis),
         })
     }
 }

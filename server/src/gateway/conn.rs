@@ -495,6 +495,7 @@ impl<T: Transport> Driver<T> {
                 content: m.content,
                 ack_mode: m.ack_mode,
                 expires_at_ms: u64::try_from(m.expires_at_ms).unwrap_or(0),
+                ack_timeout: None,
             };
             if m.ack_mode == AckMode::None {
                 self.hub.inbox.remove(&user_id, m.message_id).await;

@@ -33,6 +33,8 @@ pub struct MessageSpec {
     pub client_type: Option<i32>,
     /// Keep for offline users this long; 0 = only online devices get it.
     pub ttl_secs: u64,
+    /// How long each delivery attempt waits for the ACK (`timeoutMs`).
+    pub ack_timeout: Option<Duration>,
 }
 
 /// What happened to one user's copy.
@@ -206,6 +208,7 @@ impl Hub {
                 content: spec.content.clone(),
                 ack_mode: spec.ack_mode,
                 expires_at_ms: u64::try_from(expires_at_ms).unwrap_or(0),
+                ack_timeout: spec.ack_timeout,
             };
             if self.send(h, user_id, push).await {
                 outcome.dispatched += 1;
@@ -290,6 +293,7 @@ impl Hub {
                 content: spec.content.clone(),
                 ack_mode: spec.ack_mode,
                 expires_at_ms: 0,
+                ack_timeout: None,
             };
             self.send(h, user, push).await;
         }

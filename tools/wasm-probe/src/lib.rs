@@ -61,6 +61,7 @@ pub extern "C" fn mpush_probe(seed: u64, v2: u32) -> u32 {
                             content: bytes::Bytes::from_static(b"hi"),
                             ack_mode: AckMode::Auto,
                             expires_at_ms: 0,
+                            ack_timeout: None,
                         },
                         now,
                     );
