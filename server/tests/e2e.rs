@@ -575,3 +575,28 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_message_without_ack_sent_online_is_not_kept_for_later() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut c = TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
+    c.connected().await;
+    c.bind("kim", "").await;
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "kim", "content": "once", "ttlSeconds": 60}),
+        )
+        .await;
+    assert_eq!(r["stored"], false, "{r}");
+    c.message("once").await;
+    c.close();
+    let mut again =
+        TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
+    again.connected().await;
+    again.bind("kim", "").await;
+    again.settle(Duration::from_millis(200)).await;
+    assert!(again.messages().is_empty(), "{:?}", again.messages());
+    server.shutdown().await;
+}

@@ -178,7 +178,15 @@ impl Hub {
             stored: false,
             error: None,
         };
-        if spec.ttl_secs > 0 {
+        let routes: Vec<ConnHandle> = self
+            .registry
+            .lookup(user_id)
+            .into_iter()
+            .filter(|h| spec.client_type.is_none_or(|ct| ct == h.info.client_type))
+            .collect();
+        // Kept until a device acknowledges it; without an ACK mode there is
+        // nothing to wait for, so only an offline user's copy is kept.
+        if spec.ttl_secs > 0 && (spec.ack_mode != AckMode::None || routes.is_empty()) {
             let stored = StoredMessage {
                 message_id,
                 trace_id: trace_id.to_owned(),
@@ -195,12 +203,6 @@ impl Hub {
                 }
             }
         }
-        let routes: Vec<ConnHandle> = self
-            .registry
-            .lookup(user_id)
-            .into_iter()
-            .filter(|h| spec.client_type.is_none_or(|ct| ct == h.info.client_type))
-            .collect();
         for h in &routes {
             let push = OutboundPush {
                 message_id,
