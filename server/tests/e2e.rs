@@ -500,6 +500,18 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
         .await;
     assert_eq!(r["stored"], true);
     v2.message("keep me").await;
+    api.post(
+        "/api/v1/push",
+        json!({"userId": "gina", "content": "no ttl", "ackMode": "biz"}),
+    )
+    .await;
+    let (_, _) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "gina", "content": "no ack needed"}),
+        )
+        .await;
+    v2.message("no ack needed").await;
     let hub = server.hub.clone();
     let t0 = std::time::Instant::now();
     server.shutdown().await;
@@ -509,8 +521,12 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
     v2.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
         .await;
     let kept = hub.inbox.list("gina", unix_ms()).await;
-    assert_eq!(kept.len(), 1, "the un-ACKed message stays in the inbox");
-    assert_eq!(&kept[0].content[..], b"keep me");
+    let kept: Vec<&[u8]> = kept.iter().map(|m| &m.content[..]).collect();
+    assert_eq!(
+        kept,
+        vec![&b"keep me"[..], &b"no ttl"[..]],
+        "every un-ACKed message stays in the inbox"
+    );
 }
 
 #[tokio::test]

@@ -99,6 +99,9 @@ impl Machine {
 struct Sent {
     trace_id: String,
     ack_mode: AckMode,
+    /// Kept (a refcount, not a copy) so a drain can move it to the inbox.
+    content: Bytes,
+    expires_at_ms: u64,
 }
 
 struct Driver<T: Transport> {
@@ -250,6 +253,7 @@ impl<T: Transport> Driver<T> {
 
     fn push(&mut self, p: OutboundPush, now: Instant) {
         let (message_id, trace_id, ack_mode) = (p.message_id, p.trace_id.clone(), p.ack_mode);
+        let (content, expires_at_ms) = (p.content.clone(), p.expires_at_ms);
         let result = self.machine.push(p, now);
         let hub = self.hub.clone();
         let (user, device, ct) = self.who();
@@ -261,6 +265,8 @@ impl<T: Transport> Driver<T> {
                         Sent {
                             trace_id: trace_id.clone(),
                             ack_mode,
+                            content,
+                            expires_at_ms,
                         },
                     );
                 }
@@ -409,10 +415,32 @@ impl<T: Transport> Driver<T> {
                     metrics::counter!("mpush_protocol_errors_total").increment(1);
                 }
                 // Pushes still waiting for an ACK stay in the inbox (if they
-                // had a TTL) and are re-sent on the next bind.
+                // had a TTL) and are re-sent on the next bind. On shutdown,
+                // every un-ACKed push is kept, with the session TTL if it had none.
                 let (user, device, ct) = self.who();
                 for id in unacked {
                     if let Some(s) = self.sent.remove(&id) {
+                        if self.draining && !user.is_empty() {
+                            let keep =
+                                i64::try_from(self.hub.cfg.settings.delivery.session_ttl_secs)
+                                    .unwrap_or(86_400)
+                                    * 1000;
+                            let expires_at_ms = match i64::try_from(s.expires_at_ms).unwrap_or(0) {
+                                0 => unix_ms() + keep,
+                                t => t,
+                            };
+                            let kept = crate::store::StoredMessage {
+                                message_id: id,
+                                trace_id: s.trace_id.clone(),
+                                content: s.content.clone(),
+                                ack_mode: s.ack_mode,
+                                client_type: None,
+                                expires_at_ms,
+                            };
+                            if self.hub.inbox.push(&user, kept).await.is_err() {
+                                metrics::counter!("mpush_inbox_full_total").increment(1);
+                            }
+                        }
                         self.hub
                             .trace(
                                 &s.trace_id,
