@@ -4,15 +4,16 @@
 //! fast connect. It emits the same `ServerEvent`s as `ServerConnection`, so a
 //! driver serves both with the same code.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use web_time::Instant;
 
 use crate::ProtocolError;
-use crate::ack::{AckTracker, Expiry};
+use crate::ack::Expiry;
 use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
+use crate::pending::PendingPushes;
 use crate::server::{CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent};
 use crate::session::{AckMode, DeviceInfo, Profile};
 
@@ -26,9 +27,8 @@ pub struct JsonServerConnection {
     user: Option<String>,
     closed: bool,
     next_push_id: i32,
-    acks: AckTracker<u64>,
-    inflight: HashMap<u64, (i32, JsonPacket)>,
-    by_packet: HashMap<i32, u64>,
+    /// Pending pushes; a retry resends the rendered frame.
+    pending: PendingPushes<String>,
 }
 
 impl std::fmt::Debug for JsonServerConnection {
@@ -43,7 +43,7 @@ impl std::fmt::Debug for JsonServerConnection {
 impl JsonServerConnection {
     pub fn new(config: Arc<ServerConfig>) -> Self {
         Self {
-            acks: AckTracker::new(config.ack_retry.clone()),
+            pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
             config,
             out: VecDeque::new(),
             events: VecDeque::new(),
@@ -51,8 +51,6 @@ impl JsonServerConnection {
             user: None,
             closed: false,
             next_push_id: FIRST_PUSH_ID,
-            inflight: HashMap::new(),
-            by_packet: HashMap::new(),
         }
     }
 
@@ -69,7 +67,7 @@ impl JsonServerConnection {
     }
 
     pub fn inflight(&self) -> usize {
-        self.acks.len()
+        self.pending.len()
     }
 
     /// One text frame from the socket.
@@ -110,10 +108,9 @@ impl JsonServerConnection {
                 });
             }
             Command::ACK => {
-                if let Some(id) = self.by_packet.get(&p.session_id).copied()
-                    && self.acks.ack(&id)
+                if let Some(id) = self.pending.message_for_packet(p.session_id)
+                    && self.pending.ack(id)
                 {
-                    self.forget(id);
                     self.events.push_back(ServerEvent::Acked { message_id: id });
                 }
             }
@@ -136,19 +133,17 @@ impl JsonServerConnection {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        for (id, expiry) in self.acks.expire(now) {
-            match expiry {
-                Expiry::Retry { attempt } => {
-                    if let Some((_, p)) = self.inflight.get(&id) {
-                        self.out.push_back(p.to_text());
-                        self.events.push_back(ServerEvent::PushRetried {
-                            message_id: id,
-                            attempt,
-                        });
-                    }
+        for (id, expiry, resend) in self.pending.expire(now) {
+            match (expiry, resend) {
+                (Expiry::Retry { attempt }, Some((_, text))) => {
+                    self.out.push_back(text);
+                    self.events.push_back(ServerEvent::PushRetried {
+                        message_id: id,
+                        attempt,
+                    });
                 }
-                Expiry::GaveUp => {
-                    self.forget(id);
+                (Expiry::Retry { .. }, None) => {}
+                (Expiry::GaveUp, _) => {
                     self.events
                         .push_back(ServerEvent::PushTimedOut { message_id: id });
                 }
@@ -160,7 +155,7 @@ impl JsonServerConnection {
         if self.closed {
             None
         } else {
-            self.acks.next_deadline()
+            self.pending.next_deadline()
         }
     }
 
@@ -213,11 +208,8 @@ impl JsonServerConnection {
             return Err(PushError::NotReady);
         }
         let tracked = push.ack_mode != AckMode::None;
-        if tracked && self.acks.contains(&push.message_id) {
-            return Err(PushError::Duplicate(push.message_id));
-        }
-        if tracked && self.acks.len() >= self.config.max_inflight {
-            return Err(PushError::Busy);
+        if tracked {
+            self.pending.admit(push.message_id)?;
         }
         let id = self.next_push_id;
         self.next_push_id = if id == i32::MAX {
@@ -225,14 +217,12 @@ impl JsonServerConnection {
         } else {
             id + 1
         };
-        let p = json::push(id, &push.content, push.ack_mode.flags());
-        self.out.push_back(p.to_text());
+        let text = json::push(id, &push.content, push.ack_mode.flags()).to_text();
         if tracked {
-            self.acks
-                .insert_with_wait(push.message_id, now, push.ack_timeout);
-            self.by_packet.insert(id, push.message_id);
-            self.inflight.insert(push.message_id, (id, p));
+            self.pending
+                .track(push.message_id, id, text.clone(), now, push.ack_timeout);
         }
+        self.out.push_back(text);
         Ok(id)
     }
 
@@ -313,21 +303,12 @@ impl JsonServerConnection {
         self.close_with(CloseReason::Protocol(e));
     }
 
-    fn forget(&mut self, id: u64) {
-        if let Some((pid, _)) = self.inflight.remove(&id) {
-            self.by_packet.remove(&pid);
-        }
-    }
-
     fn close_with(&mut self, reason: CloseReason) {
         if self.closed {
             return;
         }
         self.closed = true;
-        let mut unacked = self.acks.drain();
-        unacked.sort_unstable();
-        self.inflight.clear();
-        self.by_packet.clear();
+        let unacked = self.pending.drain();
         self.events
             .push_back(ServerEvent::Closed { reason, unacked });
     }

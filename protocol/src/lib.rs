@@ -12,6 +12,7 @@ pub mod error;
 pub mod json_server;
 pub mod message;
 pub mod packet;
+mod pending;
 pub mod wire;
 
 pub use error::{CryptoError, DecodeError, FrameError, ProtocolError};

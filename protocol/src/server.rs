@@ -6,7 +6,7 @@
 //! every call it drains `poll_transmit` and `poll_event`, then sleeps until
 //! `poll_timeout` or the next input.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use rand_core::SeedableRng;
 use web_time::Instant;
 
-use crate::ack::{AckTracker, Expiry, RetryPolicy};
+use crate::ack::{Expiry, RetryPolicy};
 use crate::crypto::{
     self, AesKey, Rng, RsaPrivate, SessionCipher, connection_key, legacy_session_key, random_array,
     resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
@@ -25,6 +25,7 @@ use crate::message::{
     HandshakeOk, HttpRequest, HttpResponse, Kick, OkMessage, Redirect, v2,
 };
 use crate::packet::{Command, Decoder, Flags, Frame, Packet};
+use crate::pending::PendingPushes;
 use crate::seal::Sealer;
 use crate::session::{AckMode, DeviceInfo, Profile, SessionRecord, SessionSecret};
 
@@ -184,13 +185,6 @@ enum State {
     Closed,
 }
 
-#[derive(Debug, Clone)]
-struct Inflight {
-    packet_id: i32,
-    flags: Flags,
-    body: Bytes,
-}
-
 /// First push id: high, so pushes do not collide with the small request ids a
 /// Java client is waiting on (spec 3.3).
 const FIRST_PUSH_ID: i32 = 0x4000_0000;
@@ -213,9 +207,7 @@ pub struct ServerConnection {
     misses: u32,
     clock_base: (Instant, i64),
     next_push_id: i32,
-    acks: AckTracker<u64>,
-    inflight: HashMap<u64, Inflight>,
-    legacy_ids: HashMap<i32, u64>,
+    pending: PendingPushes<(Flags, Bytes)>,
 }
 
 impl std::fmt::Debug for ServerConnection {
@@ -237,7 +229,7 @@ impl ServerConnection {
         Self {
             decoder: Decoder::new(config.max_body),
             sealer: Sealer::new(config.compress_over, config.max_inflated),
-            acks: AckTracker::new(config.ack_retry.clone()),
+            pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
             config,
             rng: Rng::from_seed(seed),
             inbuf: BytesMut::new(),
@@ -253,8 +245,6 @@ impl ServerConnection {
             misses: 0,
             clock_base: (now, unix_ms),
             next_push_id: FIRST_PUSH_ID,
-            inflight: HashMap::new(),
-            legacy_ids: HashMap::new(),
         }
     }
 
@@ -285,7 +275,7 @@ impl ServerConnection {
 
     /// Pushes waiting for their ACK.
     pub fn inflight(&self) -> usize {
-        self.acks.len()
+        self.pending.len()
     }
 
     // ----- driver verbs -------------------------------------------------
@@ -331,19 +321,17 @@ impl ServerConnection {
             }
             self.next_check = now + self.heartbeat;
         }
-        for (id, expiry) in self.acks.expire(now) {
-            match expiry {
-                Expiry::Retry { attempt } => {
-                    if let Some(f) = self.inflight.get(&id).cloned() {
-                        self.send_sealed(Command::PUSH, f.packet_id, f.flags, &f.body);
-                        self.events.push_back(ServerEvent::PushRetried {
-                            message_id: id,
-                            attempt,
-                        });
-                    }
+        for (id, expiry, resend) in self.pending.expire(now) {
+            match (expiry, resend) {
+                (Expiry::Retry { attempt }, Some((packet_id, (flags, body)))) => {
+                    self.send_sealed(Command::PUSH, packet_id, flags, &body);
+                    self.events.push_back(ServerEvent::PushRetried {
+                        message_id: id,
+                        attempt,
+                    });
                 }
-                Expiry::GaveUp => {
-                    self.forget(id);
+                (Expiry::Retry { .. }, None) => {}
+                (Expiry::GaveUp, _) => {
                     self.events
                         .push_back(ServerEvent::PushTimedOut { message_id: id });
                 }
@@ -356,7 +344,7 @@ impl ServerConnection {
         if self.is_closed() {
             return None;
         }
-        Some(match self.acks.next_deadline() {
+        Some(match self.pending.next_deadline() {
             Some(d) => d.min(self.next_check),
             None => self.next_check,
         })
@@ -484,12 +472,7 @@ impl ServerConnection {
         }
         let tracked = push.ack_mode != AckMode::None;
         if tracked {
-            if self.acks.contains(&push.message_id) {
-                return Err(PushError::Duplicate(push.message_id));
-            }
-            if self.acks.len() >= self.config.max_inflight {
-                return Err(PushError::Busy);
-            }
+            self.pending.admit(push.message_id)?;
         }
         let packet_id = self.next_push_id();
         let flags = push.ack_mode.flags();
@@ -506,16 +489,12 @@ impl ServerConnection {
         };
         self.send_sealed(Command::PUSH, packet_id, flags, &body);
         if tracked {
-            self.acks
-                .insert_with_wait(push.message_id, now, push.ack_timeout);
-            self.legacy_ids.insert(packet_id, push.message_id);
-            self.inflight.insert(
+            self.pending.track(
                 push.message_id,
-                Inflight {
-                    packet_id,
-                    flags,
-                    body,
-                },
+                packet_id,
+                (flags, body),
+                now,
+                push.ack_timeout,
             );
         }
         Ok(packet_id)
@@ -785,11 +764,10 @@ impl ServerConnection {
         };
         if ids.is_empty() {
             // Legacy ACKs (and bare v2 ones) name the push by its packet id.
-            ids.extend(self.legacy_ids.get(&p.session_id).copied());
+            ids.extend(self.pending.message_for_packet(p.session_id));
         }
         for id in ids {
-            if self.acks.ack(&id) {
-                self.forget(id);
+            if self.pending.ack(id) {
                 self.events.push_back(ServerEvent::Acked { message_id: id });
             }
         }
@@ -874,18 +852,9 @@ impl ServerConnection {
             return;
         }
         self.state = State::Closed;
-        let mut unacked = self.acks.drain();
-        unacked.sort_unstable();
-        self.inflight.clear();
-        self.legacy_ids.clear();
+        let unacked = self.pending.drain();
         self.events
             .push_back(ServerEvent::Closed { reason, unacked });
-    }
-
-    fn forget(&mut self, id: u64) {
-        if let Some(f) = self.inflight.remove(&id) {
-            self.legacy_ids.remove(&f.packet_id);
-        }
     }
 
     fn next_push_id(&mut self) -> i32 {
