@@ -228,8 +228,6 @@ pub struct ClientConnection {
     acks_out: Vec<AckToken>,
     dedup: DedupWindow,
     legacy_dedup: DedupWindow,
-    /// BIZ messages the app has acknowledged, so a retried copy is re-acked.
-    app_acked: DedupWindow,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -272,7 +270,6 @@ impl ClientConnection {
             acks_out: Vec::new(),
             dedup,
             legacy_dedup: DedupWindow::new(256),
-            app_acked: DedupWindow::new(256),
         };
         match ticket.filter(|t| t.expire_at_ms > unix_ms && !t.session_id.is_empty()) {
             Some(t) => c.start_resume(t, now),
@@ -454,7 +451,7 @@ impl ClientConnection {
     /// Acknowledges a BIZ message (queued and sent at once).
     pub fn ack(&mut self, token: AckToken, now: Instant) -> Result<(), ClientError> {
         self.ready()?;
-        self.app_acked.insert(token.dedup_key());
+        self.window(&token).mark_acked(token.dedup_key());
         self.acks_out.push(token);
         self.flush_acks(now);
         Ok(())
@@ -868,7 +865,7 @@ impl ClientConnection {
             let confirm = match msg.ack_mode {
                 AckMode::None => false,
                 AckMode::Auto => true,
-                AckMode::Biz => expired || self.app_acked.contains(token.dedup_key()),
+                AckMode::Biz => expired || self.window(&token).is_acked(token.dedup_key()),
             };
             if confirm {
                 self.acks_out.push(token);
@@ -886,6 +883,16 @@ impl ClientConnection {
     }
 
     // ----- helpers ------------------------------------------------------
+
+    /// v2 ids live in the window carried across connections; legacy packet
+    /// ids only mean something on this connection.
+    fn window(&mut self, token: &AckToken) -> &mut DedupWindow {
+        if token.message_id.is_some() {
+            &mut self.dedup
+        } else {
+            &mut self.legacy_dedup
+        }
+    }
 
     fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
         if self.profile == Profile::V2

@@ -1,5 +1,7 @@
 //! A bounded window of recently seen ids: the oldest id is forgotten when the
-//! window is full, so memory stays fixed however long a session lives.
+//! window is full, so memory stays fixed however long a session lives. It also
+//! remembers which of them the app acknowledged, so that a retried copy of a
+//! message is confirmed again, even after a reconnect.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -8,6 +10,7 @@ pub struct DedupWindow {
     capacity: usize,
     order: VecDeque<u64>,
     seen: HashSet<u64>,
+    acked: HashSet<u64>,
 }
 
 impl Default for DedupWindow {
@@ -22,6 +25,7 @@ impl DedupWindow {
             capacity: capacity.max(1),
             order: VecDeque::new(),
             seen: HashSet::new(),
+            acked: HashSet::new(),
         }
     }
 
@@ -35,8 +39,20 @@ impl DedupWindow {
             && let Some(old) = self.order.pop_front()
         {
             self.seen.remove(&old);
+            self.acked.remove(&old);
         }
         true
+    }
+
+    /// Records that the app acknowledged `id` (ignored when `id` is not in the window).
+    pub fn mark_acked(&mut self, id: u64) {
+        if self.seen.contains(&id) {
+            self.acked.insert(id);
+        }
+    }
+
+    pub fn is_acked(&self, id: u64) -> bool {
+        self.acked.contains(&id)
     }
 
     pub fn contains(&self, id: u64) -> bool {
@@ -68,5 +84,12 @@ mod tests {
         assert!(!w.contains(1));
         assert!(w.insert(1));
         assert!(!w.insert(4));
+        w.mark_acked(4);
+        w.mark_acked(99);
+        assert!(w.is_acked(4) && !w.is_acked(99));
+        for id in 10..13 {
+            w.insert(id);
+        }
+        assert!(!w.is_acked(4), "forgotten with the id");
     }
 }

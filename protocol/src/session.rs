@@ -148,6 +148,50 @@ impl ResumeTicket {
         }
     }
 
+    /// One line for any ticket: `token.dat` for legacy tickets, and
+    /// `v2,<sessionId>,<expireTime>,<hex resume key>` for v2 ones.
+    pub fn to_text(&self) -> String {
+        match &self.secret {
+            SessionSecret::Legacy { .. } => self.to_token_dat().unwrap_or_default(),
+            SessionSecret::V2 { resume_key } => format!(
+                "v2,{},{},{}",
+                self.session_id,
+                self.expire_at_ms,
+                resume_key
+                    .0
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ),
+        }
+    }
+
+    /// Parses `to_text`'s output (and mpush's `token.dat`).
+    pub fn from_text(line: &str) -> Option<Self> {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("v2,") else {
+            return Self::from_token_dat(line);
+        };
+        let parts: Vec<&str> = rest.split(',').collect();
+        let [sid, exp, key] = parts.as_slice() else {
+            return None;
+        };
+        if key.len() != 64 || !key.is_ascii() {
+            return None;
+        }
+        let mut k = [0u8; crate::crypto::RESUME_KEY_LEN];
+        for (i, b) in k.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&key[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self {
+            session_id: (*sid).to_owned(),
+            expire_at_ms: exp.parse().ok()?,
+            secret: SessionSecret::V2 {
+                resume_key: crate::crypto::ResumeKey(k),
+            },
+        })
+    }
+
     pub fn from_token_dat(line: &str) -> Option<Self> {
         let parts: Vec<&str> = line.trim().split(',').collect();
         let [sid, exp, key, iv] = parts.as_slice() else {
@@ -237,6 +281,29 @@ mod tests {
         );
         assert_eq!(t.to_token_dat().as_deref(), Some(line));
         assert!(ResumeTicket::from_token_dat("a,b,c").is_none());
+    }
+
+    #[test]
+    fn ticket_text_round_trips_for_both_profiles() {
+        let v2 = ResumeTicket {
+            session_id: "abc".into(),
+            expire_at_ms: 42,
+            secret: SessionSecret::V2 {
+                resume_key: crate::crypto::ResumeKey([0xAB; 32]),
+            },
+        };
+        assert_eq!(ResumeTicket::from_text(&v2.to_text()), Some(v2));
+        let legacy = ResumeTicket {
+            session_id: "abc".into(),
+            expire_at_ms: 42,
+            secret: SessionSecret::Legacy {
+                key: AesKey([1; 16]),
+                iv: [2; 16],
+            },
+        };
+        assert_eq!(ResumeTicket::from_text(&legacy.to_text()), Some(legacy));
+        assert_eq!(ResumeTicket::from_text("v2,a,1,zz"), None);
+        assert_eq!(ResumeTicket::from_text("garbage"), None);
     }
 
     #[test]

@@ -1,2 +1,7 @@
-//! The mpush client core. Not implemented yet: see issue 4. This crate is an
-//! empty placeholder so the workspace has its final shape.
+//! The mpush client core used by every SDK: [`session::Session`], the client
+//! across reconnects as a sans-IO state machine, and (feature `tokio`) a
+//! native driver over TCP and WebSocket.
+
+pub mod session;
+
+pub use session::{Action, Message, Session, SessionConfig, SessionError, SessionEvent};

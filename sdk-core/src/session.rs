@@ -1,0 +1,689 @@
+//! `Session`: the client across reconnects, sans-IO. It owns the current
+//! `ClientConnection`, the backoff, the dedup window, the resume ticket, the
+//! user to re-bind and the outbound queue, and speaks in actions (open a
+//! connection, send bytes, close), events and a next deadline.
+//!
+//! The driver: on `Action::Open` it connects and calls `handle_opened` (or
+//! `handle_open_failed`); it feeds received bytes to `handle_input`, a closed
+//! socket to `handle_closed`, and time to `handle_timeout` at `poll_timeout`.
+//! After every call it drains `poll_action` and `poll_event`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mpush_protocol::Instant;
+use mpush_protocol::backoff::{Backoff, BackoffConfig};
+use mpush_protocol::client::{AckToken, ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::crypto::{Rng, RsaPublic, random_array};
+use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::session::{AckMode, DeviceInfo, Profile, ResumeTicket};
+use rand_core::{Rng as _, SeedableRng};
+
+/// How to reach the servers and who this client is.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Addresses tried in order: `host:port` (TCP) or `ws://` / `wss://` URLs.
+    pub servers: Vec<String>,
+    /// mpush's allocator: an HTTP URL whose `GET` returns `host:port,...`.
+    /// When set, the list is fetched before each round of connection attempts.
+    pub allocator_url: Option<String>,
+    pub public_key: Arc<RsaPublic>,
+    pub device: DeviceInfo,
+    /// Ask for the v2 profile (a legacy server ignores it).
+    pub offer_v2: bool,
+    /// Heartbeat asked of the server.
+    pub heartbeat: Duration,
+    pub backoff: BackoffConfig,
+    /// Message ids remembered to drop repeats, across reconnects.
+    pub dedup_capacity: usize,
+    /// Up-pushes and ACKs kept while offline; more are refused.
+    pub outbound_capacity: usize,
+    /// How long an `Open` may take before it counts as failed.
+    pub connect_timeout: Duration,
+}
+
+impl SessionConfig {
+    pub fn new(servers: Vec<String>, public_key: Arc<RsaPublic>, device: DeviceInfo) -> Self {
+        Self {
+            servers,
+            allocator_url: None,
+            public_key,
+            device,
+            offer_v2: true,
+            heartbeat: Duration::from_secs(240),
+            backoff: BackoffConfig::default(),
+            dedup_capacity: 1024,
+            outbound_capacity: 256,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Connect to this address, then `handle_opened` or `handle_open_failed`.
+    Open {
+        address: String,
+    },
+    Send(Bytes),
+    /// Close the current socket (no `handle_closed` needed afterwards).
+    Close,
+    /// GET this URL, then `handle_servers`.
+    FetchServers {
+        url: String,
+    },
+}
+
+/// A message for the app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub content: Vec<u8>,
+    /// The server's id (v2 servers); `None` from legacy servers.
+    pub message_id: Option<u64>,
+    pub trace_id: String,
+    /// The app must call `Session::ack(ack_id)` (BIZ mode).
+    pub needs_ack: bool,
+    pub ack_id: u64,
+}
+
+/// What happened, for the app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    Connected {
+        address: String,
+        resumed: bool,
+        v2: bool,
+    },
+    Disconnected {
+        reason: String,
+        retry_in_ms: u64,
+    },
+    Message(Message),
+    Kicked {
+        device_id: String,
+        user_id: String,
+    },
+    BindResult {
+        user_id: String,
+        ok: bool,
+        reason: String,
+    },
+    /// Persist this ticket (empty: forget the stored one) to fast-connect later.
+    TicketUpdated {
+        ticket: String,
+    },
+    PushAcked {
+        request: u64,
+    },
+    PushFailed {
+        request: u64,
+        reason: String,
+    },
+    /// The session will not reconnect (closed by the app, or refused for good).
+    Stopped {
+        reason: String,
+    },
+}
+
+/// A command that could not be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    #[error("the offline queue is full ({0} items)")]
+    QueueFull(usize),
+    #[error("the session is stopped")]
+    Stopped,
+    #[error("unknown ack id {0}")]
+    UnknownAck(u64),
+}
+
+enum Outbound {
+    Push {
+        request: u64,
+        content: Bytes,
+        ack_mode: AckMode,
+        timeout: Duration,
+    },
+    Ack(AckToken),
+}
+
+enum Link {
+    /// Waiting to (re)connect at this time.
+    Waiting {
+        at: Instant,
+    },
+    Fetching,
+    Opening {
+        address: String,
+        deadline: Instant,
+    },
+    Connected {
+        conn: Box<ClientConnection>,
+        address: String,
+    },
+    Stopped,
+}
+
+pub struct Session {
+    config: Arc<SessionConfig>,
+    client_config: Arc<ClientConfig>,
+    rng: Rng,
+    clock: (Instant, i64),
+    backoff: Backoff,
+    link: Link,
+    dedup: Option<DedupWindow>,
+    ticket: Option<ResumeTicket>,
+    servers: Vec<String>,
+    next_server: usize,
+    /// Attempts in the current round over the server list.
+    tried: usize,
+    user: Option<(String, String, String)>,
+    outbound: VecDeque<Outbound>,
+    next_request: u64,
+    /// Up-push requests: connection request id → session request id.
+    requests: HashMap<i32, u64>,
+    /// Open ACK handles: ack id → (connection generation, token).
+    acks: HashMap<u64, (u64, AckToken)>,
+    next_ack: u64,
+    generation: u64,
+    actions: VecDeque<Action>,
+    events: VecDeque<SessionEvent>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session that starts connecting at once. `ticket` is the text of a
+    /// persisted `TicketUpdated`, if any. `seed` must be cryptographically random.
+    pub fn new(
+        config: SessionConfig,
+        ticket: Option<&str>,
+        seed: [u8; 32],
+        now: Instant,
+        unix_ms: i64,
+    ) -> Self {
+        let mut cc = ClientConfig::new(config.public_key.clone(), config.device.clone());
+        cc.offer_v2 = config.offer_v2;
+        cc.min_heartbeat = config.heartbeat;
+        cc.max_heartbeat = config.heartbeat;
+        let mut s = Self {
+            client_config: Arc::new(cc),
+            rng: Rng::from_seed(seed),
+            clock: (now, unix_ms),
+            backoff: Backoff::new(config.backoff.clone()),
+            link: Link::Waiting { at: now },
+            dedup: Some(DedupWindow::new(config.dedup_capacity)),
+            ticket: ticket.and_then(ResumeTicket::from_text),
+            servers: config.servers.clone(),
+            next_server: 0,
+            tried: 0,
+            user: None,
+            outbound: VecDeque::new(),
+            next_request: 1,
+            requests: HashMap::new(),
+            acks: HashMap::new(),
+            next_ack: 1,
+            generation: 0,
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            config: Arc::new(config),
+        };
+        s.connect(now);
+        s
+    }
+
+    pub fn is_connected(&self) -> bool {
+        matches!(&self.link, Link::Connected { conn, .. } if conn.is_established())
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.link {
+            Link::Waiting { at } => Some(*at),
+            Link::Opening { deadline, .. } => Some(*deadline),
+            Link::Connected { conn, .. } => conn.poll_timeout(),
+            Link::Fetching | Link::Stopped => None,
+        }
+    }
+
+    // ----- driver inputs -------------------------------------------------
+
+    pub fn handle_servers(&mut self, result: Result<Vec<String>, String>, now: Instant) {
+        if !matches!(self.link, Link::Fetching) {
+            return;
+        }
+        match result {
+            Ok(list) if !list.is_empty() => {
+                self.servers = list;
+                self.next_server = 0;
+                self.tried = 0;
+                self.open_next(now);
+            }
+            Ok(_) => self.retry_later(now, "the allocator listed no server".into()),
+            Err(e) => self.retry_later(now, format!("allocator: {e}")),
+        }
+    }
+
+    pub fn handle_opened(&mut self, now: Instant) {
+        let Link::Opening { address, .. } = std::mem::replace(&mut self.link, Link::Stopped) else {
+            return;
+        };
+        let unix = self.unix_ms(now);
+        let dedup = self
+            .dedup
+            .take()
+            .unwrap_or_else(|| DedupWindow::new(self.config.dedup_capacity));
+        let conn = ClientConnection::new(
+            self.client_config.clone(),
+            random_array(&mut self.rng),
+            now,
+            unix,
+            self.ticket.clone(),
+            dedup,
+        );
+        self.generation += 1;
+        self.link = Link::Connected {
+            conn: Box::new(conn),
+            address,
+        };
+        self.pump(now);
+    }
+
+    pub fn handle_open_failed(&mut self, reason: &str, now: Instant) {
+        if !matches!(self.link, Link::Opening { .. }) {
+            return;
+        }
+        self.open_next_or_wait(now, reason.to_owned());
+    }
+
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) {
+        if let Link::Connected { conn, .. } = &mut self.link {
+            conn.handle_input(data, now);
+            self.pump(now);
+        }
+    }
+
+    /// The socket closed (by the peer or an error).
+    pub fn handle_closed(&mut self, reason: &str, now: Instant) {
+        if let Link::Connected { .. } = self.link {
+            self.drop_connection();
+            self.retry_later(now, reason.to_owned());
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.link {
+            Link::Waiting { at } if *at <= now => self.connect(now),
+            Link::Opening { deadline, .. } if *deadline <= now => {
+                self.actions.push_back(Action::Close);
+                self.open_next_or_wait(now, "connect timed out".into());
+            }
+            Link::Connected { conn, .. } => {
+                conn.handle_timeout(now);
+                self.pump(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// The network came back, or the app came to the foreground: forget the
+    /// backoff and, if waiting, reconnect now.
+    pub fn network_available(&mut self, now: Instant) {
+        self.backoff.reset();
+        if let Link::Waiting { .. } = self.link {
+            self.connect(now);
+        }
+    }
+
+    // ----- app commands ----------------------------------------------------
+
+    /// Binds (and re-binds after every reconnect) a user.
+    pub fn bind(
+        &mut self,
+        user: &str,
+        tags: &str,
+        token: &str,
+        now: Instant,
+    ) -> Result<(), SessionError> {
+        self.alive()?;
+        self.user = Some((user.to_owned(), tags.to_owned(), token.to_owned()));
+        if let Link::Connected { conn, .. } = &mut self.link
+            && conn.is_established()
+        {
+            let _ = conn.bind(user, tags, token, now);
+            self.pump(now);
+        }
+        Ok(())
+    }
+
+    pub fn unbind(&mut self, now: Instant) -> Result<(), SessionError> {
+        self.alive()?;
+        if let Some((user, ..)) = self.user.take()
+            && let Link::Connected { conn, .. } = &mut self.link
+        {
+            let _ = conn.unbind(&user, now);
+            self.pump(now);
+        }
+        Ok(())
+    }
+
+    /// Acknowledges a message the app handled (BIZ mode). Offline, a v2 ACK is
+    /// queued; a legacy one names a packet of a closed connection and is moot.
+    pub fn ack(&mut self, ack_id: u64, now: Instant) -> Result<(), SessionError> {
+        self.alive()?;
+        let (generation, token) = self
+            .acks
+            .remove(&ack_id)
+            .ok_or(SessionError::UnknownAck(ack_id))?;
+        let current = generation == self.generation;
+        if let Link::Connected { conn, .. } = &mut self.link
+            && conn.is_established()
+            && (current || token.message_id.is_some())
+        {
+            let _ = conn.ack(token, now);
+            self.pump(now);
+            return Ok(());
+        }
+        if token.message_id.is_some() {
+            self.enqueue(Outbound::Ack(token))?;
+        }
+        Ok(())
+    }
+
+    /// Sends a message up; queued while offline. Returns a request id that
+    /// `PushAcked`/`PushFailed` name when `ack_mode` is not `None`.
+    pub fn push(
+        &mut self,
+        content: &[u8],
+        ack_mode: AckMode,
+        now: Instant,
+    ) -> Result<u64, SessionError> {
+        self.alive()?;
+        let request = self.next_request;
+        self.next_request += 1;
+        let item = Outbound::Push {
+            request,
+            content: Bytes::copy_from_slice(content),
+            ack_mode,
+            timeout: Duration::from_secs(10),
+        };
+        if self.is_connected() {
+            self.send_outbound(item, now);
+            self.pump(now);
+        } else {
+            self.enqueue(item)?;
+        }
+        Ok(request)
+    }
+
+    /// Stops for good.
+    pub fn close(&mut self) {
+        if matches!(self.link, Link::Stopped) {
+            return;
+        }
+        if let Link::Connected { conn, .. } = &mut self.link {
+            conn.close();
+        }
+        self.actions.push_back(Action::Close);
+        self.link = Link::Stopped;
+        self.events.push_back(SessionEvent::Stopped {
+            reason: "closed by the app".into(),
+        });
+    }
+
+    // ----- internals -----------------------------------------------------
+
+    fn alive(&self) -> Result<(), SessionError> {
+        if matches!(self.link, Link::Stopped) {
+            Err(SessionError::Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn enqueue(&mut self, item: Outbound) -> Result<(), SessionError> {
+        if self.outbound.len() >= self.config.outbound_capacity {
+            return Err(SessionError::QueueFull(self.outbound.len()));
+        }
+        self.outbound.push_back(item);
+        Ok(())
+    }
+
+    /// Starts a round: fetch the list from the allocator, or try the next server.
+    fn connect(&mut self, now: Instant) {
+        self.tried = 0;
+        match &self.config.allocator_url {
+            Some(url) => {
+                self.link = Link::Fetching;
+                self.actions
+                    .push_back(Action::FetchServers { url: url.clone() });
+            }
+            None => self.open_next(now),
+        }
+    }
+
+    fn open_next(&mut self, now: Instant) {
+        if self.servers.is_empty() {
+            return self.retry_later(now, "no server address configured".into());
+        }
+        let address = self.servers[self.next_server % self.servers.len()].clone();
+        self.next_server = (self.next_server + 1) % self.servers.len();
+        self.tried += 1;
+        self.link = Link::Opening {
+            address: address.clone(),
+            deadline: now + self.config.connect_timeout,
+        };
+        self.actions.push_back(Action::Open { address });
+    }
+
+    fn open_next_or_wait(&mut self, now: Instant, reason: String) {
+        if self.tried < self.servers.len() {
+            self.open_next(now);
+        } else {
+            self.retry_later(now, reason);
+        }
+    }
+
+    fn retry_later(&mut self, now: Instant, reason: String) {
+        let delay = self.backoff.next_delay(&mut self.rng);
+        self.wait(now, delay, reason);
+    }
+
+    fn wait(&mut self, now: Instant, delay: Duration, reason: String) {
+        self.link = Link::Waiting { at: now + delay };
+        self.events.push_back(SessionEvent::Disconnected {
+            reason,
+            retry_in_ms: delay.as_millis() as u64,
+        });
+    }
+
+    fn drop_connection(&mut self) {
+        if let Link::Connected { conn, .. } = &mut self.link {
+            self.dedup = Some(conn.take_dedup());
+        }
+        for (_, session_request) in self.requests.drain() {
+            self.events.push_back(SessionEvent::PushFailed {
+                request: session_request,
+                reason: "connection lost".into(),
+            });
+        }
+        self.link = Link::Stopped;
+    }
+
+    fn send_outbound(&mut self, item: Outbound, now: Instant) {
+        let Link::Connected { conn, .. } = &mut self.link else {
+            return;
+        };
+        match item {
+            Outbound::Push {
+                request,
+                content,
+                ack_mode,
+                timeout,
+            } => match conn.push(&content, ack_mode, timeout, now) {
+                Ok(id) if ack_mode != AckMode::None => {
+                    self.requests.insert(id, request);
+                }
+                Ok(_) => {}
+                Err(e) => self.events.push_back(SessionEvent::PushFailed {
+                    request,
+                    reason: e.to_string(),
+                }),
+            },
+            Outbound::Ack(token) => {
+                let _ = conn.ack(token, now);
+            }
+        }
+    }
+
+    /// Moves the connection's output to actions and its events to session events.
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let Link::Connected { conn, address } = &mut self.link else {
+                return;
+            };
+            let address = address.clone();
+            while let Some(b) = conn.poll_transmit() {
+                self.actions.push_back(Action::Send(b));
+            }
+            let Some(e) = conn.poll_event() else {
+                return;
+            };
+            self.on_connection_event(e, address, now);
+        }
+    }
+
+    fn on_connection_event(&mut self, e: ClientEvent, address: String, now: Instant) {
+        match e {
+            ClientEvent::Connected {
+                profile,
+                resumed,
+                ticket,
+                ..
+            } => {
+                self.backoff.reset();
+                if let Some(t) = ticket {
+                    self.events.push_back(SessionEvent::TicketUpdated {
+                        ticket: t.to_text(),
+                    });
+                    self.ticket = Some(t);
+                }
+                self.events.push_back(SessionEvent::Connected {
+                    address,
+                    resumed,
+                    v2: profile == Profile::V2,
+                });
+                if let (Some((u, t, k)), Link::Connected { conn, .. }) =
+                    (self.user.clone(), &mut self.link)
+                {
+                    let _ = conn.bind(&u, &t, &k, now);
+                }
+                while let Some(item) = self.outbound.pop_front() {
+                    self.send_outbound(item, now);
+                }
+            }
+            ClientEvent::ResumeRejected { .. } => {
+                self.ticket = None;
+                self.events.push_back(SessionEvent::TicketUpdated {
+                    ticket: String::new(),
+                });
+            }
+            ClientEvent::BindOk { user_id } => {
+                self.events.push_back(SessionEvent::BindResult {
+                    user_id,
+                    ok: true,
+                    reason: String::new(),
+                });
+            }
+            ClientEvent::Unbound { .. } => {}
+            ClientEvent::Message(m) => {
+                let ack_id = self.next_ack;
+                self.next_ack += 1;
+                let needs_ack = m.ack.is_some();
+                if let Some(token) = m.ack {
+                    self.acks.insert(ack_id, (self.generation, token));
+                }
+                self.events.push_back(SessionEvent::Message(Message {
+                    content: m.content.to_vec(),
+                    message_id: m.message_id,
+                    trace_id: m.trace_id,
+                    needs_ack,
+                    ack_id,
+                }));
+            }
+            ClientEvent::PushAcked { request } => {
+                if let Some(r) = self.requests.remove(&request) {
+                    self.events
+                        .push_back(SessionEvent::PushAcked { request: r });
+                }
+            }
+            ClientEvent::PushTimedOut { request } => {
+                if let Some(r) = self.requests.remove(&request) {
+                    self.events.push_back(SessionEvent::PushFailed {
+                        request: r,
+                        reason: "no ACK from the server".into(),
+                    });
+                }
+            }
+            ClientEvent::Kicked { device_id, user_id } => {
+                self.events
+                    .push_back(SessionEvent::Kicked { device_id, user_id });
+            }
+            ClientEvent::Redirect(r) => {
+                // A clean drain: go now (after the server's delay and jitter),
+                // without counting it as a failure.
+                if !r.address.is_empty() {
+                    self.servers.retain(|s| *s != r.address);
+                    self.servers.insert(0, r.address.clone());
+                    self.next_server = 0;
+                }
+                let jitter = if r.jitter_ms == 0 {
+                    0
+                } else {
+                    self.rng.next_u64() % u64::from(r.jitter_ms)
+                };
+                self.actions.push_back(Action::Close);
+                self.drop_connection();
+                self.backoff.reset();
+                let delay = Duration::from_millis(u64::from(r.retry_after_ms) + jitter);
+                self.wait(now, delay, format!("redirected: {}", r.reason));
+            }
+            ClientEvent::HttpResponse { .. } | ClientEvent::HttpTimedOut { .. } => {}
+            ClientEvent::Closed { reason, reconnect } => {
+                self.actions.push_back(Action::Close);
+                self.drop_connection();
+                if reconnect {
+                    self.retry_later(now, format!("{reason:?}"));
+                } else {
+                    self.link = Link::Stopped;
+                    self.events.push_back(SessionEvent::Stopped {
+                        reason: format!("{reason:?}"),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn unix_ms(&self, now: Instant) -> i64 {
+        let (base, ms) = self.clock;
+        ms + i64::try_from(now.saturating_duration_since(base).as_millis()).unwrap_or(0)
+    }
+}

@@ -1,0 +1,429 @@
+//! Session tests on a scripted in-memory network and a fake clock: the server
+//! side is a real `ServerConnection`, the network is a set of addresses that
+//! are up or down, and time only moves when the test says.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mpush_protocol::Instant;
+use mpush_protocol::crypto::RsaPrivate;
+use mpush_protocol::message::Redirect;
+use mpush_protocol::server::{OutboundPush, ServerConfig, ServerConnection, ServerEvent};
+use mpush_protocol::session::{AckMode, SessionRecord};
+use mpush_protocol::testing::{default_key, test_device};
+use mpush_sdk_core::{Action, Session, SessionConfig, SessionEvent};
+
+struct Net {
+    now: Instant,
+    session: Session,
+    up: HashSet<String>,
+    server: Option<(String, ServerConnection)>,
+    store: HashMap<String, SessionRecord>,
+    sconf: Arc<ServerConfig>,
+    events: Vec<SessionEvent>,
+    server_events: Vec<ServerEvent>,
+    opened: Vec<String>,
+}
+
+impl Net {
+    fn new(servers: &[&str], v2: bool) -> Self {
+        let key: Arc<RsaPrivate> = default_key();
+        let mut cfg = SessionConfig::new(
+            servers.iter().map(|s| s.to_string()).collect(),
+            Arc::new(key.public()),
+            test_device(),
+        );
+        cfg.offer_v2 = v2;
+        let now = Instant::now();
+        let session = Session::new(cfg, None, [7; 32], now, 1_700_000_000_000);
+        let mut n = Self {
+            now,
+            session,
+            up: servers.iter().map(|s| s.to_string()).collect(),
+            server: None,
+            store: HashMap::new(),
+            sconf: Arc::new(ServerConfig::new(key)),
+            events: Vec::new(),
+            server_events: Vec::new(),
+            opened: Vec::new(),
+        };
+        n.pump();
+        n
+    }
+
+    fn pump(&mut self) {
+        for _ in 0..1000 {
+            let mut busy = false;
+            while let Some(a) = self.session.poll_action() {
+                busy = true;
+                match a {
+                    Action::Open { address } => {
+                        self.opened.push(address.clone());
+                        if self.up.contains(&address) {
+                            let s = ServerConnection::new(
+                                self.sconf.clone(),
+                                [9; 32],
+                                self.now,
+                                1_700_000_000_000,
+                            );
+                            self.server = Some((address, s));
+                            self.session.handle_opened(self.now);
+                        } else {
+                            self.session
+                                .handle_open_failed("connection refused", self.now);
+                        }
+                    }
+                    Action::Send(b) => {
+                        if let Some((_, s)) = &mut self.server {
+                            s.handle_input(&b, self.now);
+                        }
+                    }
+                    Action::Close => self.server = None,
+                    Action::FetchServers { .. } => {}
+                }
+            }
+            if let Some((_, s)) = &mut self.server {
+                while let Some(b) = s.poll_transmit() {
+                    busy = true;
+                    self.session.handle_input(&b, self.now);
+                }
+            }
+            let mut evs = Vec::new();
+            if let Some((_, s)) = &mut self.server {
+                while let Some(e) = s.poll_event() {
+                    evs.push(e);
+                }
+            }
+            for e in evs {
+                busy = true;
+                self.serve(&e);
+                self.server_events.push(e);
+            }
+            while let Some(e) = self.session.poll_event() {
+                busy = true;
+                self.events.push(e);
+            }
+            if !busy {
+                return;
+            }
+        }
+        panic!("network never settled");
+    }
+
+    fn serve(&mut self, e: &ServerEvent) {
+        let now = self.now;
+        let Some((_, s)) = &mut self.server else {
+            return;
+        };
+        match e {
+            ServerEvent::HandshakeCompleted {
+                session: Some(r), ..
+            } => {
+                self.store.insert(r.session_id.clone(), r.clone());
+            }
+            ServerEvent::ResumeRequested { session_id, .. } => {
+                s.handle_resume_result(self.store.get(session_id).cloned(), now);
+            }
+            ServerEvent::BindRequested {
+                request, user_id, ..
+            } => s.handle_bind_result(*request, user_id, Ok(())),
+            _ => {}
+        }
+    }
+
+    /// Moves the clock through every deadline up to `d` from now.
+    fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        loop {
+            let next = [
+                self.session.poll_timeout(),
+                self.server.as_ref().and_then(|(_, s)| s.poll_timeout()),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .filter(|t| *t <= end);
+            let Some(t) = next else { break };
+            self.now = self.now.max(t);
+            self.session.handle_timeout(self.now);
+            if let Some((_, s)) = &mut self.server {
+                s.handle_timeout(self.now);
+            }
+            self.pump();
+        }
+        self.now = end;
+    }
+
+    fn cut(&mut self) {
+        self.server = None;
+        self.session.handle_closed("connection reset", self.now);
+        self.pump();
+    }
+
+    fn connected(&self) -> Vec<(String, bool)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                SessionEvent::Connected {
+                    address, resumed, ..
+                } => Some((address.clone(), *resumed)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn count(&self, f: impl Fn(&SessionEvent) -> bool) -> usize {
+        self.events.iter().filter(|e| f(e)).count()
+    }
+
+    fn server_push(&mut self, id: u64, mode: AckMode) {
+        let now = self.now;
+        let (_, s) = self.server.as_mut().expect("connected");
+        s.push(
+            OutboundPush {
+                message_id: id,
+                trace_id: "t".into(),
+                content: Bytes::from(format!("msg {id}")),
+                ack_mode: mode,
+                expires_at_ms: 0,
+                ack_timeout: None,
+            },
+            now,
+        )
+        .expect("pushed");
+        self.pump();
+    }
+}
+
+#[test]
+fn backoff_grows_with_jitter_and_resets_when_the_network_is_back() {
+    let mut n = Net::new(&["a:1", "b:2"], true);
+    // Both servers were up at start; take them down and drop the link.
+    n.up.clear();
+    n.cut();
+    n.advance(Duration::from_secs(200));
+    let delays: Vec<u64> = n
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::Disconnected { retry_in_ms, .. } => Some(*retry_in_ms),
+            _ => None,
+        })
+        .collect();
+    let want = [1000u64, 2000, 4000, 8000, 16000, 32000, 60000];
+    for (got, want) in delays.iter().zip(want) {
+        let (lo, hi) = (want * 8 / 10, want * 12 / 10);
+        assert!(
+            (lo..=hi).contains(got),
+            "{got} ms not within 20% of {want}: {delays:?}"
+        );
+    }
+    assert!(delays.len() >= want.len());
+    // Each round tries every server in order.
+    assert!(n.opened.windows(2).any(|w| w == ["a:1", "b:2"]));
+    // The network is back: reconnect now, not in 60 s.
+    n.up.insert("b:2".into());
+    let before = n.connected().len();
+    n.session.network_available(n.now);
+    n.pump();
+    assert_eq!(n.connected().len(), before + 1, "connected at once");
+    assert_eq!(n.connected().last().map(|c| c.0.as_str()), Some("b:2"));
+}
+
+#[test]
+fn reconnects_with_fast_connect_and_rebinds() {
+    for v2 in [false, true] {
+        let mut n = Net::new(&["a:1"], v2);
+        assert_eq!(n.connected(), vec![("a:1".to_string(), false)]);
+        assert_eq!(
+            n.count(|e| matches!(e, SessionEvent::TicketUpdated { ticket } if !ticket.is_empty())),
+            1
+        );
+        let now = n.now;
+        n.session.bind("u1", "t", "", now).expect("bind");
+        n.pump();
+        assert_eq!(
+            n.count(|e| matches!(e, SessionEvent::BindResult { ok: true, .. })),
+            1
+        );
+        n.cut();
+        n.advance(Duration::from_secs(2));
+        assert_eq!(
+            n.connected().last(),
+            Some(&("a:1".to_string(), true)),
+            "fast connect (v2={v2})"
+        );
+        assert_eq!(
+            n.count(|e| matches!(e, SessionEvent::BindResult { ok: true, .. })),
+            2,
+            "re-bound by itself"
+        );
+        // The server forgot the session: fall back to a full handshake, new ticket.
+        n.store.clear();
+        n.cut();
+        n.advance(Duration::from_secs(3));
+        assert_eq!(n.connected().last(), Some(&("a:1".to_string(), false)));
+        assert!(
+            n.events
+                .iter()
+                .any(|e| matches!(e, SessionEvent::TicketUpdated { ticket } if ticket.is_empty()))
+        );
+        assert_eq!(
+            n.count(|e| matches!(e, SessionEvent::BindResult { ok: true, .. })),
+            3
+        );
+    }
+}
+
+#[test]
+fn offline_pushes_and_acks_are_queued_and_flushed_in_order() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    n.server_push(5, AckMode::Biz);
+    let ack_id = n
+        .events
+        .iter()
+        .find_map(|e| match e {
+            SessionEvent::Message(m) if m.needs_ack => Some(m.ack_id),
+            _ => None,
+        })
+        .expect("biz message");
+    n.up.clear();
+    n.cut();
+    let now = n.now;
+    let r1 = n
+        .session
+        .push(b"first", AckMode::Auto, now)
+        .expect("queued");
+    let r2 = n
+        .session
+        .push(b"second", AckMode::None, now)
+        .expect("queued");
+    n.session.ack(ack_id, now).expect("queued ack");
+    n.up.insert("a:1".into());
+    n.advance(Duration::from_secs(2));
+    let ups: Vec<Vec<u8>> = n
+        .server_events
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::UpPush { content, .. } => Some(content.to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ups, vec![b"first".to_vec(), b"second".to_vec()]);
+    assert!(n.events.contains(&SessionEvent::PushAcked { request: r1 }));
+    assert_ne!(r1, r2);
+    assert_eq!(n.count(|e| matches!(e, SessionEvent::PushFailed { .. })), 0);
+    // The new server had lost message 5's ACK and sends it again: the app
+    // does not see it twice, and the session confirms it by itself.
+    n.server_push(5, AckMode::Biz);
+    assert_eq!(n.count(|e| matches!(e, SessionEvent::Message(_))), 1);
+    assert!(
+        n.server_events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::Acked { message_id: 5 }))
+    );
+}
+
+#[test]
+fn the_queue_is_bounded_and_full_is_reported() {
+    let mut n = Net::new(&["a:1"], true);
+    n.up.clear();
+    n.cut();
+    let now = n.now;
+    for _ in 0..256 {
+        n.session.push(b"x", AckMode::None, now).expect("room");
+    }
+    assert_eq!(
+        n.session.push(b"x", AckMode::None, now),
+        Err(mpush_sdk_core::SessionError::QueueFull(256))
+    );
+}
+
+#[test]
+fn messages_are_deduplicated_across_reconnects() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    n.server_push(7, AckMode::Auto);
+    n.cut();
+    n.advance(Duration::from_secs(2));
+    assert!(n.session.is_connected());
+    // The server did not get the ACK before the cut; it sends message 7 again.
+    n.server_push(7, AckMode::Auto);
+    n.server_push(8, AckMode::Auto);
+    let got: Vec<Option<u64>> = n
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::Message(m) => Some(m.message_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![Some(7), Some(8)], "7 is shown once");
+    assert!(
+        n.server_events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::Acked { message_id: 7 })),
+        "the repeat is re-acked"
+    );
+}
+
+#[test]
+fn kick_and_redirect() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    n.server
+        .as_mut()
+        .expect("conn")
+        .1
+        .kick("other-device", "u1");
+    n.pump();
+    assert!(n.events.iter().any(
+        |e| matches!(e, SessionEvent::Kicked { device_id, .. } if device_id == "other-device")
+    ));
+    n.up.insert("c:3".into());
+    let r = Redirect {
+        address: "c:3".into(),
+        retry_after_ms: 100,
+        jitter_ms: 200,
+        reason: "drain".into(),
+    };
+    assert!(n.server.as_mut().expect("conn").1.redirect(&r));
+    n.pump();
+    let retry = n.events.iter().rev().find_map(|e| match e {
+        SessionEvent::Disconnected { retry_in_ms, .. } => Some(*retry_in_ms),
+        _ => None,
+    });
+    let retry = retry.expect("disconnected for the redirect");
+    assert!((100..300).contains(&retry), "{retry}");
+    n.advance(Duration::from_millis(400));
+    assert_eq!(n.connected().last().map(|c| c.0.as_str()), Some("c:3"));
+    assert_eq!(
+        n.count(|e| matches!(e, SessionEvent::BindResult { ok: true, .. })),
+        2
+    );
+}
+
+#[test]
+fn close_stops_for_good() {
+    let mut n = Net::new(&["a:1"], false);
+    n.session.close();
+    n.pump();
+    assert!(
+        n.events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::Stopped { .. }))
+    );
+    n.advance(Duration::from_secs(120));
+    assert_eq!(n.connected().len(), 1, "no reconnect after close");
+    let now = n.now;
+    assert!(n.session.push(b"x", AckMode::None, now).is_err());
+}
