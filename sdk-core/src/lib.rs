@@ -5,3 +5,6 @@
 pub mod session;
 
 pub use session::{Action, Message, Session, SessionConfig, SessionError, SessionEvent};
+
+#[cfg(feature = "tokio")]
+pub mod native;

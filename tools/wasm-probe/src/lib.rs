@@ -74,8 +74,56 @@ pub extern "C" fn mpush_probe(seed: u64, v2: u32) -> u32 {
     received
 }
 
+/// Runs a client `Session` (sdk-core) against an in-memory server through a
+/// handshake and a bind; returns 1 when the session reports the bind.
+#[unsafe(no_mangle)]
+pub extern "C" fn mpush_session_probe(seed: u64) -> u32 {
+    use mpush_sdk_core::{Action, Session, SessionConfig, SessionEvent};
+    let now = mpush_protocol::Instant::now();
+    let key = default_key();
+    let cfg = SessionConfig::new(
+        vec!["server:1".into()],
+        Arc::new(key.public()),
+        test_device(),
+    );
+    let mut session = Session::new(cfg, None, [seed as u8; 32], now, 0);
+    let mut server = ServerConnection::new(Arc::new(ServerConfig::new(key)), [1; 32], now, 0);
+    let _ = session.bind("u", "", "", now);
+    for _ in 0..16 {
+        while let Some(a) = session.poll_action() {
+            match a {
+                Action::Open { .. } => session.handle_opened(now),
+                Action::Send(b) => server.handle_input(&b, now),
+                _ => {}
+            }
+        }
+        while let Some(e) = server.poll_event() {
+            if let ServerEvent::BindRequested {
+                request, user_id, ..
+            } = e
+            {
+                server.handle_bind_result(request, &user_id, Ok(()));
+            }
+        }
+        while let Some(b) = server.poll_transmit() {
+            session.handle_input(&b, now);
+        }
+        while let Some(e) = session.poll_event() {
+            if matches!(e, SessionEvent::BindResult { ok: true, .. }) {
+                return 1;
+            }
+        }
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn session_probe_binds() {
+        assert_eq!(super::mpush_session_probe(3), 1);
+    }
+
     #[test]
     fn probe_delivers_one_message_on_each_profile() {
         assert_eq!(super::mpush_probe(7, 0), 1);

@@ -1,0 +1,337 @@
+//! The tokio driver (feature `tokio`): runs a [`Session`] over TCP (`host:port`)
+//! or WebSocket (`ws://`, `wss://` with rustls), persists the resume ticket,
+//! and exposes a small async API.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use mpush_protocol::Instant;
+use mpush_protocol::session::AckMode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::session::{Action, Session, SessionConfig, SessionError, SessionEvent};
+
+/// Keeps the resume ticket in a file (one line), like mpush's `token.dat`.
+#[derive(Debug, Clone)]
+pub struct FileTicketStore {
+    pub path: PathBuf,
+}
+
+impl FileTicketStore {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn load(&self) -> Option<String> {
+        std::fs::read_to_string(&self.path)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Saves a ticket; an empty one deletes the file.
+    pub fn save(&self, ticket: &str) -> std::io::Result<()> {
+        if ticket.is_empty() {
+            match std::fs::remove_file(&self.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            std::fs::write(&self.path, format!("{ticket}\n"))
+        }
+    }
+}
+
+/// What `Client::connect` needs.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub session: SessionConfig,
+    /// Where to keep the resume ticket; `None`: in memory only.
+    pub ticket_store: Option<FileTicketStore>,
+}
+
+enum Cmd {
+    Bind(
+        String,
+        String,
+        String,
+        oneshot::Sender<Result<(), SessionError>>,
+    ),
+    Unbind,
+    Ack(u64, oneshot::Sender<Result<(), SessionError>>),
+    Push(Vec<u8>, AckMode, oneshot::Sender<Result<u64, SessionError>>),
+    NetworkAvailable,
+    Close,
+}
+
+/// A connected (or reconnecting) client. Dropping it closes the session.
+pub struct Client {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    events: mpsc::UnboundedReceiver<SessionEvent>,
+}
+
+impl Client {
+    /// Starts the session in a background task; it connects and reconnects by
+    /// itself. Watch `next_event` for `Connected`.
+    pub fn connect(options: ClientOptions) -> Self {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(options, cmd_rx, ev_tx));
+        Self {
+            cmds: cmd_tx,
+            events: ev_rx,
+        }
+    }
+
+    pub async fn next_event(&mut self) -> Option<SessionEvent> {
+        self.events.recv().await
+    }
+
+    pub async fn bind(&self, user: &str, tags: &str, token: &str) -> Result<(), SessionError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Cmd::Bind(user.into(), tags.into(), token.into(), tx))?;
+        rx.await.unwrap_or(Err(SessionError::Stopped))
+    }
+
+    pub fn unbind(&self) -> Result<(), SessionError> {
+        self.send(Cmd::Unbind)
+    }
+
+    pub async fn ack(&self, ack_id: u64) -> Result<(), SessionError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Cmd::Ack(ack_id, tx))?;
+        rx.await.unwrap_or(Err(SessionError::Stopped))
+    }
+
+    /// Sends a message up (queued while offline).
+    pub async fn push(&self, content: &[u8], ack_mode: AckMode) -> Result<u64, SessionError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Cmd::Push(content.to_vec(), ack_mode, tx))?;
+        rx.await.unwrap_or(Err(SessionError::Stopped))
+    }
+
+    /// The network is back (or the app is in the foreground): retry now.
+    pub fn network_available(&self) -> Result<(), SessionError> {
+        self.send(Cmd::NetworkAvailable)
+    }
+
+    pub fn close(&self) {
+        let _ = self.cmds.send(Cmd::Close);
+    }
+
+    fn send(&self, c: Cmd) -> Result<(), SessionError> {
+        self.cmds.send(c).map_err(|_| SessionError::Stopped)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.cmds.send(Cmd::Close);
+    }
+}
+
+enum Conn {
+    Tcp(TcpStream),
+    Ws(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
+}
+
+impl Conn {
+    async fn open(address: &str) -> Result<Self, String> {
+        if address.starts_with("ws://") || address.starts_with("wss://") {
+            let (ws, _) = tokio_tungstenite::connect_async(address)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(Self::Ws(Box::new(ws)))
+        } else {
+            let s = TcpStream::connect(address)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = s.set_nodelay(true);
+            Ok(Self::Tcp(s))
+        }
+    }
+
+    async fn send(&mut self, b: Bytes) -> Result<(), String> {
+        match self {
+            Self::Tcp(s) => s.write_all(&b).await.map_err(|e| e.to_string()),
+            Self::Ws(ws) => ws
+                .send(WsMessage::Binary(b))
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Cancel-safe: `Ok(None)` is a clean end of stream.
+    async fn recv(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>, String> {
+        match self {
+            Self::Tcp(s) => match s.read(buf).await {
+                Ok(0) => Ok(None),
+                Ok(n) => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
+                Err(e) => Err(e.to_string()),
+            },
+            Self::Ws(ws) => loop {
+                match ws.next().await {
+                    None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
+                    Some(Ok(WsMessage::Binary(b))) => return Ok(Some(b)),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(e.to_string()),
+                }
+            },
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Self::Tcp(mut s) => {
+                let _ = s.shutdown().await;
+            }
+            Self::Ws(mut ws) => {
+                let _ = ws.close(None).await;
+            }
+        }
+    }
+}
+
+async fn fetch_servers(url: &str) -> Result<Vec<String>, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let text = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+fn seed() -> [u8; 32] {
+    let mut s = [0u8; 32];
+    getrandom::fill(&mut s).expect("OS random number generator");
+    s
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
+async fn sleep_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn run(
+    options: ClientOptions,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    events: mpsc::UnboundedSender<SessionEvent>,
+) {
+    let ticket = options
+        .ticket_store
+        .as_ref()
+        .and_then(FileTicketStore::load);
+    let connect_timeout = options.session.connect_timeout;
+    let mut session = Session::new(
+        options.session,
+        ticket.as_deref(),
+        seed(),
+        Instant::now(),
+        unix_ms(),
+    );
+    let mut conn: Option<Conn> = None;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        while let Some(a) = session.poll_action() {
+            match a {
+                Action::Open { address } => {
+                    if let Some(c) = conn.take() {
+                        c.close().await;
+                    }
+                    match tokio::time::timeout(connect_timeout, Conn::open(&address)).await {
+                        Ok(Ok(c)) => {
+                            conn = Some(c);
+                            session.handle_opened(Instant::now());
+                        }
+                        Ok(Err(e)) => session.handle_open_failed(&e, Instant::now()),
+                        Err(_) => session.handle_open_failed("connect timed out", Instant::now()),
+                    }
+                }
+                Action::Send(b) => {
+                    if let Some(c) = &mut conn
+                        && let Err(e) = c.send(b).await
+                    {
+                        conn = None;
+                        session.handle_closed(&e, Instant::now());
+                    }
+                }
+                Action::Close => {
+                    if let Some(c) = conn.take() {
+                        c.close().await;
+                    }
+                }
+                Action::FetchServers { url } => {
+                    let r = fetch_servers(&url).await;
+                    session.handle_servers(r, Instant::now());
+                }
+            }
+        }
+        let mut stopped = false;
+        while let Some(e) = session.poll_event() {
+            if let (SessionEvent::TicketUpdated { ticket }, Some(store)) =
+                (&e, &options.ticket_store)
+            {
+                let _ = store.save(ticket);
+            }
+            stopped |= matches!(e, SessionEvent::Stopped { .. });
+            let _ = events.send(e);
+        }
+        if stopped && session.poll_action().is_none() {
+            if let Some(c) = conn.take() {
+                c.close().await;
+            }
+            return;
+        }
+        tokio::select! {
+            c = cmds.recv() => {
+                let now = Instant::now();
+                match c {
+                    Some(Cmd::Bind(u, t, k, tx)) => { let _ = tx.send(session.bind(&u, &t, &k, now)); }
+                    Some(Cmd::Unbind) => { let _ = session.unbind(now); }
+                    Some(Cmd::Ack(id, tx)) => { let _ = tx.send(session.ack(id, now)); }
+                    Some(Cmd::Push(b, m, tx)) => { let _ = tx.send(session.push(&b, m, now)); }
+                    Some(Cmd::NetworkAvailable) => session.network_available(now),
+                    Some(Cmd::Close) | None => session.close(),
+                }
+            }
+            r = async {
+                match &mut conn {
+                    Some(c) => c.recv(&mut buf).await,
+                    None => std::future::pending().await,
+                }
+            } => match r {
+                Ok(Some(b)) => session.handle_input(&b, Instant::now()),
+                Ok(None) => { conn = None; session.handle_closed("closed by the server", Instant::now()); }
+                Err(e) => { conn = None; session.handle_closed(&e, Instant::now()); }
+            },
+            _ = sleep_opt(session.poll_timeout()) => session.handle_timeout(Instant::now()),
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The tokio client against the real server on 127.0.0.1:0.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mpush_protocol::crypto::RsaPublic;
+use mpush_protocol::session::DeviceInfo;
+use mpush_sdk_core::SessionEvent;
+use mpush_sdk_core::native::{Client, ClientOptions, FileTicketStore};
+use mpush_sdk_core::session::SessionConfig;
+use mpush_server::{Running, Settings};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn settings(tcp: &str, ws: &str, http: &str) -> Settings {
+    let mut s = Settings::default();
+    s.net.tcp = tcp.into();
+    s.net.ws = ws.into();
+    s.net.http = http.into();
+    s.shutdown.drain_timeout_ms = 500;
+    s
+}
+
+async fn start(s: Settings) -> Running {
+    mpush_server::start(s.validate().expect("valid"))
+        .await
+        .expect("starts")
+}
+
+fn options(server: &str, device: &str, v2: bool) -> ClientOptions {
+    let dev = DeviceInfo {
+        device_id: device.into(),
+        os_name: "linux".into(),
+        os_version: "1".into(),
+        client_version: "1".into(),
+    };
+    let mut cfg = SessionConfig::new(
+        vec![server.to_owned()],
+        Arc::new(RsaPublic::mpush_default()),
+        dev,
+    );
+    cfg.offer_v2 = v2;
+    ClientOptions {
+        session: cfg,
+        ticket_store: None,
+    }
+}
+
+async fn wait_for(c: &mut Client, what: &str, f: impl Fn(&SessionEvent) -> bool) -> SessionEvent {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let e = tokio::time::timeout_at(deadline, c.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .expect("client running");
+        if f(&e) {
+            return e;
+        }
+    }
+}
+
+async fn push(http: SocketAddr, body: Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("http://{http}/api/v1/push"))
+        .json(&body)
+        .send()
+        .await
+        .expect("api")
+        .json()
+        .await
+        .expect("json")
+}
+
+#[tokio::test]
+async fn listen_push_receive_over_tcp_and_websocket() {
+    let server = start(settings("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")).await;
+    let ws = format!("ws://{}/", server.ws.expect("ws"));
+    for (addr, v2) in [
+        (server.tcp.to_string(), true),
+        (server.tcp.to_string(), false),
+        (ws.clone(), true),
+        (ws, false),
+    ] {
+        let user = format!("u-{}-{v2}", addr.len());
+        let mut c = Client::connect(options(&addr, &format!("d-{user}"), v2));
+        c.bind(&user, "", "").await.expect("bind");
+        let e = wait_for(&mut c, "connected", |e| {
+            matches!(e, SessionEvent::Connected { .. })
+        })
+        .await;
+        assert!(matches!(e, SessionEvent::Connected { v2: got, .. } if got == v2));
+        wait_for(&mut c, "bound", |e| {
+            matches!(e, SessionEvent::BindResult { ok: true, .. })
+        })
+        .await;
+        push(
+            server.http,
+            json!({"userId": user, "content": "hello", "ackMode": "biz"}),
+        )
+        .await;
+        let SessionEvent::Message(m) =
+            wait_for(&mut c, "message", |e| matches!(e, SessionEvent::Message(_))).await
+        else {
+            unreachable!()
+        };
+        assert_eq!(m.content, b"hello");
+        assert!(m.needs_ack);
+        c.ack(m.ack_id).await.expect("ack");
+        c.close();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exactly_once() {
+    let first = start(settings("127.0.0.1:0", "", "127.0.0.1:0")).await;
+    let (tcp, http) = (first.tcp, first.http);
+    let dir = std::env::temp_dir().join(format!("mpush-sdk-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut opts = options(&tcp.to_string(), "phone-1", true);
+    opts.ticket_store = Some(FileTicketStore::new(dir.join("token.dat")));
+    let mut c = Client::connect(opts);
+    c.bind("zoe", "", "").await.expect("bind");
+    wait_for(&mut c, "bound", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+    assert!(dir.join("token.dat").exists(), "the ticket is persisted");
+
+    // The session survives a dropped connection: fast connect, then re-bind.
+    let r = reqwest::Client::new()
+        .post(format!("http://{http}/api/v1/users/zoe/kick"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("kick");
+    assert_eq!(r.status(), 200);
+    wait_for(&mut c, "fast connect", |e| {
+        matches!(e, SessionEvent::Connected { resumed: true, .. })
+    })
+    .await;
+    wait_for(&mut c, "re-bound", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+
+    // Kill the server; bring a new one up on the same ports; push while away.
+    first.shutdown().await;
+    wait_for(&mut c, "disconnected", |e| {
+        matches!(e, SessionEvent::Disconnected { .. })
+    })
+    .await;
+    let second = start(settings(&tcp.to_string(), "", &http.to_string())).await;
+    let r = push(
+        second.http,
+        json!({"userId": "zoe", "content": "while away", "ackMode": "auto", "ttlSeconds": 300}),
+    )
+    .await;
+    assert_eq!(r["stored"], true, "{r}");
+    // The new server has no session: the client falls back to a handshake.
+    wait_for(&mut c, "reconnected", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await;
+    let mut got = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some(e)) = tokio::time::timeout_at(deadline, c.next_event()).await {
+        if matches!(&e, SessionEvent::Message(m) if m.content == b"while away") {
+            got += 1;
+        }
+    }
+    assert_eq!(got, 1, "delivered exactly once");
+    let trace = r["traceId"].as_str().unwrap_or_default();
+    let t: Value = reqwest::get(format!("http://{http}/api/v1/traces/{trace}"))
+        .await
+        .expect("trace")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(t["state"], "DELIVERED", "{t}");
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_means_backoff_and_network_available_retries_at_once() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut c = Client::connect(options(&format!("127.0.0.1:{port}"), "d", true));
+    let SessionEvent::Disconnected { retry_in_ms, .. } = wait_for(&mut c, "disconnected", |e| {
+        matches!(e, SessionEvent::Disconnected { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert!((800..=1200).contains(&retry_in_ms), "{retry_in_ms}");
+    let SessionEvent::Disconnected { retry_in_ms, .. } = wait_for(&mut c, "second try", |e| {
+        matches!(e, SessionEvent::Disconnected { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert!((1600..=2400).contains(&retry_in_ms), "{retry_in_ms}");
+    c.network_available().expect("running");
+    let SessionEvent::Disconnected { retry_in_ms, .. } =
+        wait_for(&mut c, "retry after reset", |e| {
+            matches!(e, SessionEvent::Disconnected { .. })
+        })
+        .await
+    else {
+        unreachable!()
+    };
+    assert!(
+        (800..=1200).contains(&retry_in_ms),
+        "backoff was reset: {retry_in_ms}"
+    );
+}
