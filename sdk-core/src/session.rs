@@ -352,6 +352,11 @@ impl Session {
         }
     }
 
+    /// The app came to the foreground: same as `network_available`.
+    pub fn foreground(&mut self, now: Instant) {
+        self.network_available(now);
+    }
+
     // ----- app commands ----------------------------------------------------
 
     /// Binds (and re-binds after every reconnect) a user.

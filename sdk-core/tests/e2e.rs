@@ -221,3 +221,27 @@ async fn an_unreachable_server_means_backoff_and_network_available_retries_at_on
         "backoff was reset: {retry_in_ms}"
     );
 }
+
+#[tokio::test]
+async fn server_addresses_come_from_mpush_allocator() {
+    let server = start(settings("127.0.0.1:0", "", "127.0.0.1:0")).await;
+    let mut opts = options("unused:1", "alloc-1", false);
+    opts.session.servers.clear();
+    opts.session.allocator_url = Some(format!("http://{}/", server.http));
+    let mut c = Client::connect(opts);
+    let SessionEvent::Connected { address, v2, .. } = wait_for(&mut c, "connected", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        address,
+        server.tcp.to_string(),
+        "the allocator's GET / listed the TCP gateway"
+    );
+    assert!(!v2, "legacy profile when not offering v2");
+    c.close();
+    server.shutdown().await;
+}
