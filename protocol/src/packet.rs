@@ -44,6 +44,8 @@ impl Command {
     pub const NACK: Self = Self(24);
     /// v2 extension: the server asks the client to reconnect elsewhere.
     pub const REDIRECT: Self = Self(64);
+    /// Cluster extension: one node asks another to deliver a push (node port only).
+    pub const NODE_PUSH: Self = Self(65);
     /// Java's `UNKNOWN(-1)`.
     pub const UNKNOWN: Self = Self(0xFF);
 
@@ -74,6 +76,7 @@ impl Command {
             Self::ACK => "ACK",
             Self::NACK => "NACK",
             Self::REDIRECT => "REDIRECT",
+            Self::NODE_PUSH => "NODE_PUSH",
             Self::UNKNOWN => "UNKNOWN",
             _ => return None,
         })

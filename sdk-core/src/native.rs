@@ -192,7 +192,7 @@ impl Conn {
                 let _ = s.shutdown().await;
             }
             Self::Ws(mut ws) => {
-                let _ = ws.close(None).await;
+                let _ = WebSocketStream::close(&mut ws, None).await;
             }
         }
     }

@@ -19,6 +19,7 @@ pub struct Settings {
     pub limits: Limits,
     pub delivery: Delivery,
     pub shutdown: Shutdown,
+    pub cluster: Cluster,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -148,6 +149,44 @@ impl Default for Shutdown {
     }
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cluster {
+    /// Redis URL (`redis://host:port/db`); empty: the embedded in-memory default.
+    pub redis: String,
+    /// This node's id; empty: a random one at each start.
+    pub node_id: String,
+    /// Node-to-node port (mpush's gateway port).
+    pub internal: String,
+    /// Host other nodes and clients reach this node at; empty: the bound IP
+    /// (127.0.0.1 when bound to all interfaces).
+    pub advertise_host: String,
+    /// Route entries live this long unless refreshed (every `route_refresh_secs`).
+    pub route_ttl_secs: u64,
+    pub route_refresh_secs: u64,
+    /// Node registrations live this long unless renewed (every `node_renew_secs`).
+    pub node_ttl_secs: u64,
+    pub node_renew_secs: u64,
+    /// Timeout of one Redis command and of one node-to-node forward.
+    pub timeout_ms: u64,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Self {
+            redis: String::new(),
+            node_id: String::new(),
+            internal: "0.0.0.0:3001".into(),
+            advertise_host: String::new(),
+            route_ttl_secs: 90,
+            route_refresh_secs: 30,
+            node_ttl_secs: 30,
+            node_renew_secs: 15,
+            timeout_ms: 2000,
+        }
+    }
+}
+
 /// A setting that does not make sense.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -243,6 +282,28 @@ impl Settings {
                 "delivery",
                 "rates and broadcast_max must be at least 1",
             ));
+        }
+        let c = &self.cluster;
+        if !c.redis.is_empty() {
+            if !(c.redis.starts_with("redis://") || c.redis.starts_with("rediss://")) {
+                return Err(invalid(
+                    "cluster.redis",
+                    "must be a redis:// or rediss:// URL",
+                ));
+            }
+            addr("cluster.internal", &c.internal)?;
+            if c.route_refresh_secs == 0 || c.route_refresh_secs >= c.route_ttl_secs {
+                return Err(invalid(
+                    "cluster.route_refresh_secs",
+                    "must be at least 1 and below route_ttl_secs",
+                ));
+            }
+            if c.node_renew_secs == 0 || c.node_renew_secs >= c.node_ttl_secs {
+                return Err(invalid(
+                    "cluster.node_renew_secs",
+                    "must be at least 1 and below node_ttl_secs",
+                ));
+            }
         }
         if self.security.api_tokens.iter().any(|t| t.len() < 16) {
             return Err(invalid(

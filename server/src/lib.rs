@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod gateway;
 pub mod push;
@@ -49,9 +50,17 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Starts the embedded default: every store in memory.
+/// Starts the server: the embedded in-memory default, or a cluster node when
+/// `cluster.redis` is set.
 pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
-    start_with_hub(Hub::in_memory(Arc::new(cfg))).await
+    let cfg = Arc::new(cfg);
+    if cfg.settings.cluster.redis.is_empty() {
+        return start_with_hub(Hub::in_memory(cfg)).await;
+    }
+    let cluster = cluster::Cluster::connect(cfg.clone())
+        .await
+        .context("connecting to redis")?;
+    start_with_hub(Hub::clustered(cfg, cluster)).await
 }
 
 /// Starts listeners and the API around `hub`.
@@ -76,6 +85,19 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
     let ws_addr = ws.as_ref().map(TcpListener::local_addr).transpose()?;
     let _ = hub.tcp_addr.set(tcp_addr);
     let mut tasks = Vec::new();
+    if let Some(cl) = hub.cluster.get() {
+        let addr = &cfg.settings.cluster.internal;
+        let internal = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the node port {addr}"))?;
+        cl.set_addresses(tcp_addr, ws_addr, http_addr, internal.local_addr()?);
+        tasks.push(tokio::spawn(gateway::internal_loop(
+            internal,
+            hub.clone(),
+            hub.shutdown.subscribe(),
+        )));
+        cl.spawn_loops(Arc::downgrade(&hub));
+    }
     tasks.push(tokio::spawn(gateway::accept_loop(
         tcp,
         gateway::Kind::Tcp,
@@ -114,12 +136,42 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
 }
 
 impl Running {
+    /// A handle that only names addresses (for tests that talk to a node in
+    /// another process); its hub is an unstarted in-memory one.
+    pub fn for_address(tcp: SocketAddr) -> Self {
+        let mut s = Settings::default();
+        s.net.tcp = tcp.to_string();
+        let cfg = s.validate().expect("default settings are valid");
+        let http = cfg.http;
+        Self {
+            tcp,
+            ws: None,
+            http,
+            hub: Hub::in_memory(Arc::new(cfg)),
+            tasks: Vec::new(),
+        }
+    }
+
     /// Stops accepting, tells v2 clients to reconnect elsewhere, waits for
     /// in-flight ACKs up to the drain timeout, then closes every connection.
     /// Un-ACKed messages with a TTL stay in the offline inbox.
     pub async fn shutdown(self) {
         let hub = self.hub.clone();
         hub.draining.store(true, Ordering::Relaxed);
+        if let Some(cl) = hub.cluster.get() {
+            // Leave first, so no one forwards here or is sent here any more;
+            // v2 clients are sent to the least loaded other node.
+            cl.deregister().await;
+            if hub.cfg.settings.shutdown.redirect_to.is_empty()
+                && let Some(n) = cl
+                    .live_nodes()
+                    .await
+                    .into_iter()
+                    .find(|n| n.id != cl.node_id)
+            {
+                let _ = hub.redirect_to.set(n.tcp);
+            }
+        }
         let _ = hub.shutdown.send(true);
         let limit = Duration::from_millis(hub.cfg.settings.shutdown.drain_timeout_ms)
             + Duration::from_secs(2);

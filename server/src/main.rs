@@ -21,6 +21,9 @@ struct Cli {
     /// HTTP API address.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
+    /// Cluster mode: share routes, sessions, inboxes, traces and topics through this Redis.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
     /// TOML settings file; MPUSH__SECTION__KEY environment variables override it.
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -44,6 +47,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(a) = cli.http {
         settings.net.http = a;
+    }
+    if let Some(r) = cli.redis {
+        settings.cluster.redis = r;
     }
     let cfg = settings.validate()?;
     let default_key = cfg.default_key;

@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 
 use super::{ApiError, ApiState, check_user, draining, start_topic_push};
 use crate::push::MessageSpec;
-use crate::push::filter::Filter;
 use crate::store::TraceState;
 
 /// Parameters from the query string, a form body or a JSON object body.
@@ -148,6 +147,13 @@ pub async fn exec(
 
 /// alloc's `GET /`: `host:port,...` of the connect servers, least loaded first.
 pub async fn alloc_servers(State(s): State<ApiState>) -> impl IntoResponse {
+    if let Some(cl) = s.hub.cluster.get() {
+        let nodes = cl.live_nodes().await;
+        if !nodes.is_empty() {
+            let list: Vec<String> = nodes.into_iter().map(|n| n.tcp).collect();
+            return (StatusCode::OK, list.join(","));
+        }
+    }
     let net = &s.hub.cfg.settings.net;
     let addr = if net.public_address.is_empty() {
         s.hub
@@ -196,12 +202,14 @@ pub async fn alloc_push(
     draining(&s.hub)?;
     let trace_id = s.hub.start_trace(None).await;
     if broadcast {
-        let filter = Filter::new(Vec::new(), v.get("condition").and_then(Value::as_str), None)
+        let condition = v
+            .get("condition")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        s.hub
+            .start_broadcast(&trace_id, spec, Vec::new(), condition)
+            .await
             .map_err(ApiError::bad_request)?;
-        let hub = s.hub.clone();
-        tokio::spawn(async move {
-            hub.broadcast(&trace_id, &spec, &filter).await;
-        });
     } else {
         check_user(&user)?;
         s.hub.push_user(&trace_id, &spec, &user).await;

@@ -291,15 +291,14 @@ async fn broadcast(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(b) = body?;
     let spec = b.message.spec(&s.hub)?;
-    let filter = Filter::new(b.tags, b.condition.as_deref(), spec.client_type)
+    Filter::new(b.tags.clone(), b.condition.as_deref(), spec.client_type)
         .map_err(ApiError::bad_request)?;
     draining(&s.hub)?;
     let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
-    let hub = s.hub.clone();
-    let t = trace_id.clone();
-    tokio::spawn(async move {
-        hub.broadcast(&t, &spec, &filter).await;
-    });
+    s.hub
+        .start_broadcast(&trace_id, spec, b.tags, b.condition)
+        .await
+        .map_err(ApiError::unavailable)?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": trace_id }))))
 }
 

@@ -241,7 +241,12 @@ impl<T: Transport> Driver<T> {
                 let s = &self.hub.cfg.settings.shutdown;
                 if let Machine::Binary(m) = &mut self.machine {
                     m.redirect(&Redirect {
-                        address: s.redirect_to.clone(),
+                        address: self
+                            .hub
+                            .redirect_to
+                            .get()
+                            .cloned()
+                            .unwrap_or_else(|| s.redirect_to.clone()),
                         retry_after_ms: 0,
                         jitter_ms: s.redirect_jitter_ms,
                         reason: "server shutting down".into(),
@@ -378,6 +383,7 @@ impl<T: Transport> Driver<T> {
             }
             ServerEvent::UnbindRequested { request, user_id } => {
                 let ok = self.hub.registry.unbind(&user_id, self.conn_id);
+                self.forget_route(&user_id).await;
                 if ok || self.user.as_deref() == Some(user_id.as_str()) {
                     self.user = None;
                 }
@@ -511,6 +517,28 @@ impl<T: Transport> Driver<T> {
             })));
             metrics::counter!("mpush_kicks_total").increment(1);
         }
+        if let Some(cl) = self.hub.cluster.get() {
+            // The route table; a route of the same client type on another
+            // node means a login elsewhere: kick it there (mpush 7.4).
+            match cl
+                .route_set(
+                    &user_id,
+                    info.client_type,
+                    self.conn_id,
+                    &info.device.device_id,
+                )
+                .await
+            {
+                Ok(Some(old)) if old.node != cl.node_id => {
+                    let kick = serde_json::json!({"userId": user_id, "clientType": old.client_type, "connId": old.conn_id.to_string()});
+                    let _ = cl
+                        .publish(&format!("mp:kick:{}", old.node), kick.to_string())
+                        .await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "route table unavailable; bound locally only"),
+            }
+        }
         self.user = Some(user_id.clone());
         self.machine.handle_bind_result(request, &user_id, Ok(()));
         info!(conn = self.conn_id, user = %user_id, device = %info.device.device_id, "bound");
@@ -549,9 +577,17 @@ impl<T: Transport> Driver<T> {
         metrics::counter!("mpush_acks_total").increment(1);
     }
 
+    async fn forget_route(&self, user: &str) {
+        if let (Some(cl), Some(info)) = (self.hub.cluster.get(), &self.info) {
+            cl.route_del(user, info.client_type, &cl.node_id, self.conn_id)
+                .await;
+        }
+    }
+
     async fn finish(&mut self) {
         if let Some(user) = self.user.take() {
             self.hub.registry.unbind(&user, self.conn_id);
+            self.forget_route(&user).await;
         }
         self.tx = None;
         self.hub.connections.fetch_sub(1, Ordering::Relaxed);

@@ -137,3 +137,86 @@ async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr) {
         }
     }
 }
+
+/// The node-to-node port (cluster mode): NODE_PUSH in, OK/ERROR out.
+pub async fn internal_loop(
+    listener: TcpListener,
+    hub: Arc<Hub>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = listener.accept() => r,
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_peer(stream, hub.clone()));
+    }
+}
+
+async fn serve_peer(mut stream: TcpStream, hub: Arc<Hub>) {
+    use bytes::BytesMut;
+    use mpush_protocol::message::{Body, ErrorCode, ErrorMessage, OkMessage};
+    use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let decoder = Decoder::new(hub.cfg.settings.limits.max_packet_size + 1024);
+    let mut inbuf = BytesMut::with_capacity(4096);
+    loop {
+        match stream.read_buf(&mut inbuf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut out = BytesMut::new();
+        loop {
+            let frame = match decoder.decode(&mut inbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(_) => return,
+            };
+            let Frame::Packet(p) = frame else { continue };
+            let reply = if p.cmd != Command::NODE_PUSH {
+                Packet::new(
+                    Command::ERROR,
+                    p.session_id,
+                    Flags::NONE,
+                    ErrorMessage::new(p.cmd, ErrorCode::UNSUPPORTED_CMD).to_bytes(),
+                )
+            } else {
+                match prost::Message::decode(p.body.clone()) {
+                    Ok(push) => {
+                        if hub.deliver_local(push).await > 0 {
+                            Packet::new(
+                                Command::OK,
+                                p.session_id,
+                                Flags::NONE,
+                                OkMessage::new(Command::NODE_PUSH, "delivered").to_bytes(),
+                            )
+                        } else {
+                            Packet::new(
+                                Command::ERROR,
+                                p.session_id,
+                                Flags::NONE,
+                                ErrorMessage::new(Command::NODE_PUSH, ErrorCode::OFFLINE)
+                                    .to_bytes(),
+                            )
+                        }
+                    }
+                    Err(_) => Packet::new(
+                        Command::ERROR,
+                        p.session_id,
+                        Flags::NONE,
+                        ErrorMessage::new(Command::NODE_PUSH, ErrorCode::DISPATCH_ERROR).to_bytes(),
+                    ),
+                }
+            };
+            Frame::Packet(reply).encode(&mut out);
+        }
+        if !out.is_empty() && stream.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}

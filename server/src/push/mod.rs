@@ -69,6 +69,10 @@ pub struct Hub {
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// The TCP gateway's bound address (known once listening).
     pub tcp_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Cluster mode (Redis); unset for the embedded default.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// Where v2 clients are sent on shutdown (chosen when it starts).
+    pub redirect_to: std::sync::OnceLock<String>,
 }
 
 impl Hub {
@@ -80,6 +84,29 @@ impl Hub {
         let inbox = Arc::new(MemoryInbox::new(d.inbox_max));
         let topics = Arc::new(MemoryTopics::default());
         Self::new(cfg, sessions, traces, inbox, topics)
+    }
+
+    /// Cluster mode: every store in Redis, shared with the other nodes.
+    pub fn clustered(cfg: Arc<Validated>, cluster: Arc<crate::cluster::Cluster>) -> Arc<Self> {
+        use crate::store::redis::{RedisInbox, RedisSessions, RedisTopics, RedisTraces};
+        let d = &cfg.settings.delivery;
+        let r = cluster.redis.clone();
+        let hub = Self::new(
+            cfg.clone(),
+            Arc::new(RedisSessions { redis: r.clone() }),
+            Arc::new(RedisTraces {
+                redis: r.clone(),
+                ttl_secs: d.trace_ttl_secs,
+            }),
+            Arc::new(RedisInbox {
+                redis: r.clone(),
+                max: d.inbox_max,
+                max_ttl_secs: d.max_ttl_secs,
+            }),
+            Arc::new(RedisTopics { redis: r }),
+        );
+        let _ = hub.cluster.set(cluster);
+        hub
     }
 
     pub fn new(
@@ -122,6 +149,8 @@ impl Hub {
             draining: AtomicBool::new(false),
             shutdown: tokio::sync::watch::channel(false).0,
             tcp_addr: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
+            redirect_to: std::sync::OnceLock::new(),
             cfg,
         })
     }
@@ -184,9 +213,13 @@ impl Hub {
             .into_iter()
             .filter(|h| spec.client_type.is_none_or(|ct| ct == h.info.client_type))
             .collect();
+        let remote = self
+            .remote_routes(user_id, spec.client_type, &routes, &mut outcome)
+            .await;
+        let any_route = !routes.is_empty() || !remote.is_empty();
         // Kept until a device acknowledges it; without an ACK mode there is
         // nothing to wait for, so only an offline user's copy is kept.
-        if spec.ttl_secs > 0 && (spec.ack_mode != AckMode::None || routes.is_empty()) {
+        if spec.ttl_secs > 0 && (spec.ack_mode != AckMode::None || !any_route) {
             let stored = StoredMessage {
                 message_id,
                 trace_id: trace_id.to_owned(),
@@ -203,20 +236,25 @@ impl Hub {
                 }
             }
         }
+        let push = OutboundPush {
+            message_id,
+            trace_id: trace_id.to_owned(),
+            content: spec.content.clone(),
+            ack_mode: spec.ack_mode,
+            expires_at_ms: u64::try_from(expires_at_ms).unwrap_or(0),
+            ack_timeout: spec.ack_timeout,
+        };
         for h in &routes {
-            let push = OutboundPush {
-                message_id,
-                trace_id: trace_id.to_owned(),
-                content: spec.content.clone(),
-                ack_mode: spec.ack_mode,
-                expires_at_ms: u64::try_from(expires_at_ms).unwrap_or(0),
-                ack_timeout: spec.ack_timeout,
-            };
-            if self.send(h, user_id, push).await {
+            if self.send(h, user_id, push.clone()).await {
                 outcome.dispatched += 1;
             }
         }
-        if routes.is_empty() {
+        for r in &remote {
+            if self.forward(r, user_id, &push).await {
+                outcome.dispatched += 1;
+            }
+        }
+        if !any_route {
             let detail = if outcome.stored {
                 format!("kept {}s for the user's next connection", spec.ttl_secs)
             } else {
@@ -240,6 +278,240 @@ impl Hub {
         }
         metrics::counter!("mpush_pushes_total").increment(1);
         outcome
+    }
+
+    /// Routes of `user` on other nodes (cluster mode), for client types with
+    /// no local connection. Routes naming this node without a local
+    /// connection are stale and removed.
+    async fn remote_routes(
+        &self,
+        user_id: &str,
+        client_type: Option<i32>,
+        local: &[ConnHandle],
+        outcome: &mut UserOutcome,
+    ) -> Vec<crate::cluster::Route> {
+        let Some(cl) = self.cluster.get() else {
+            return Vec::new();
+        };
+        let routes = match cl.routes(user_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                metrics::counter!("mpush_redis_errors_total").increment(1);
+                if local.is_empty() {
+                    outcome.error = Some(format!("cluster route table unavailable: {e}"));
+                }
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for r in routes {
+            if client_type.is_some_and(|ct| ct != r.client_type)
+                || local.iter().any(|h| h.info.client_type == r.client_type)
+            {
+                continue;
+            }
+            if r.node == cl.node_id {
+                cl.route_del(user_id, r.client_type, &r.node, r.conn_id)
+                    .await;
+                continue;
+            }
+            out.push(r);
+        }
+        out
+    }
+
+    /// Forwards to the node holding `route`; cleans the route when that node is
+    /// gone or no longer has the user.
+    async fn forward(
+        &self,
+        route: &crate::cluster::Route,
+        user_id: &str,
+        push: &OutboundPush,
+    ) -> bool {
+        let Some(cl) = self.cluster.get() else {
+            return false;
+        };
+        let (trace_id, ct) = (push.trace_id.as_str(), route.client_type);
+        let Some(node) = cl.node(&route.node).await else {
+            cl.route_del(user_id, ct, &route.node, route.conn_id).await;
+            self.trace(
+                trace_id,
+                user_id,
+                &route.device_id,
+                ct,
+                TraceState::Offline,
+                Some(format!(
+                    "route to node {} which is gone: removed",
+                    route.node
+                )),
+            )
+            .await;
+            return false;
+        };
+        let msg = mpush_protocol::message::v2::NodePush {
+            user_id: user_id.to_owned(),
+            client_type: ct,
+            message_id: push.message_id,
+            trace_id: push.trace_id.clone(),
+            content: push.content.to_vec(),
+            ack_mode: push.ack_mode.to_v2(),
+            expires_at_ms: push.expires_at_ms,
+            ack_timeout_ms: push.ack_timeout.map_or(0, |d| d.as_millis() as u32),
+            from_node: cl.node_id.clone(),
+        };
+        // The hop is recorded first: the other node's record for the device
+        // then takes over this placeholder, keeping the whole history.
+        self.trace(
+            trace_id,
+            user_id,
+            "",
+            ct,
+            TraceState::Dispatched,
+            Some(format!(
+                "forwarded from node {} to node {}",
+                cl.node_id, node.id
+            )),
+        )
+        .await;
+        match cl.forward(&node, msg).await {
+            Ok(()) => {
+                metrics::counter!("mpush_forwards_total").increment(1);
+                true
+            }
+            Err(crate::cluster::ForwardError::Offline(n)) => {
+                cl.route_del(user_id, ct, &route.node, route.conn_id).await;
+                self.trace(
+                    trace_id,
+                    user_id,
+                    "",
+                    ct,
+                    TraceState::Offline,
+                    Some(format!("not connected to node {n} any more: route removed")),
+                )
+                .await;
+                false
+            }
+            Err(e) => {
+                metrics::counter!("mpush_forward_errors_total").increment(1);
+                if matches!(e, crate::cluster::ForwardError::Unreachable(..)) {
+                    // A node that refuses connections is gone; its routes are stale.
+                    cl.route_del(user_id, ct, &route.node, route.conn_id).await;
+                }
+                self.trace(
+                    trace_id,
+                    user_id,
+                    "",
+                    ct,
+                    TraceState::Failed,
+                    Some(e.to_string()),
+                )
+                .await;
+                false
+            }
+        }
+    }
+
+    /// A push forwarded by another node: deliver it to this node's connections.
+    pub async fn deliver_local(&self, p: mpush_protocol::message::v2::NodePush) -> usize {
+        let push = OutboundPush {
+            message_id: p.message_id,
+            trace_id: p.trace_id,
+            content: Bytes::from(p.content),
+            ack_mode: AckMode::from_v2(p.ack_mode),
+            expires_at_ms: p.expires_at_ms,
+            ack_timeout: (p.ack_timeout_ms > 0)
+                .then(|| Duration::from_millis(u64::from(p.ack_timeout_ms))),
+        };
+        let mut n = 0;
+        for h in self.registry.lookup(&p.user_id) {
+            if (p.client_type == 0 || p.client_type == h.info.client_type)
+                && self.send(&h, &p.user_id, push.clone()).await
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Starts a broadcast: on every node through Redis in cluster mode, else here.
+    pub async fn start_broadcast(
+        self: &Arc<Self>,
+        trace_id: &str,
+        spec: MessageSpec,
+        tags: Vec<String>,
+        condition: Option<String>,
+    ) -> Result<(), String> {
+        let filter = Filter::new(tags.clone(), condition.as_deref(), spec.client_type)?;
+        if let Some(cl) = self.cluster.get() {
+            let payload = serde_json::json!({
+                "traceId": trace_id,
+                "content": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &spec.content),
+                "ackMode": spec.ack_mode.to_v2(),
+                "clientType": spec.client_type,
+                "tags": tags,
+                "condition": condition,
+            });
+            return cl
+                .publish("mp:broadcast", payload.to_string())
+                .await
+                .map_err(|e| format!("cluster unavailable: {e}"));
+        }
+        let hub = self.clone();
+        let t = trace_id.to_owned();
+        tokio::spawn(async move {
+            hub.broadcast(&t, &spec, &filter).await;
+        });
+        Ok(())
+    }
+
+    /// A broadcast published by any node: deliver to this node's connections.
+    pub async fn broadcast_from_cluster(&self, v: &serde_json::Value) {
+        let content = v["content"]
+            .as_str()
+            .and_then(|c| {
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, c).ok()
+            })
+            .unwrap_or_default();
+        let spec = MessageSpec {
+            content: Bytes::from(content),
+            ack_mode: AckMode::from_v2(v["ackMode"].as_i64().unwrap_or(0) as i32),
+            client_type: v["clientType"].as_i64().map(|c| c as i32),
+            ttl_secs: 0,
+            ack_timeout: None,
+        };
+        let tags: Vec<String> = v["tags"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Ok(filter) = Filter::new(tags, v["condition"].as_str(), spec.client_type) else {
+            return;
+        };
+        self.broadcast(v["traceId"].as_str().unwrap_or_default(), &spec, &filter)
+            .await;
+    }
+
+    /// Another node bound the same user and client type: kick our connection.
+    pub fn kick_from_cluster(&self, v: &serde_json::Value) {
+        let user = v["userId"].as_str().unwrap_or_default();
+        let conn_id: u64 = v["connId"]
+            .as_str()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        for h in self.registry.lookup(user) {
+            if h.info.id == conn_id {
+                let _ = h.tx.try_send(ConnCommand::Kicked(Box::new(
+                    crate::gateway::registry::Kick {
+                        device_id: h.info.device.device_id.clone(),
+                        user_id: user.to_owned(),
+                    },
+                )));
+                metrics::counter!("mpush_kicks_total").increment(1);
+            }
+        }
     }
 
     /// Hands a push to a connection's queue; a full queue is a slow consumer.

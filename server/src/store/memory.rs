@@ -124,7 +124,7 @@ impl TraceStore for MemoryTraces {
                     r.device_id = e.device_id.to_owned();
                     r.client_type = e.client_type;
                 }
-                r.history.push((e.state, e.at_ms));
+                r.history.push((e.state, e.at_ms, e.detail.clone()));
                 if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
                     r.state = e.state;
                     r.detail = e.detail;
@@ -136,9 +136,9 @@ impl TraceStore for MemoryTraces {
                 device_id: e.device_id.to_owned(),
                 client_type: e.client_type,
                 state: e.state,
-                detail: e.detail,
+                detail: e.detail.clone(),
                 updated_at_ms: e.at_ms,
-                history: vec![(e.state, e.at_ms)],
+                history: vec![(e.state, e.at_ms, e.detail.clone())],
             }),
         }
     }

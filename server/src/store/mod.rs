@@ -2,6 +2,7 @@
 //! implementations (cluster mode) implement the same traits.
 
 mod memory;
+pub mod redis;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -18,7 +19,7 @@ pub trait SessionStore: Send + Sync + 'static {
 }
 
 /// The trace states of a message, per recipient device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TraceState {
     Accepted,
@@ -32,7 +33,7 @@ pub enum TraceState {
 
 impl TraceState {
     /// Final states are not overwritten by late, lesser news (a retry after an ACK).
-    fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match self {
             Self::Accepted => 0,
             Self::Offline => 1,
@@ -56,7 +57,8 @@ pub struct RecipientState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     pub updated_at_ms: i64,
-    pub history: Vec<(TraceState, i64)>,
+    /// Every state change: state, time, and what happened (a forward hop, an error).
+    pub history: Vec<(TraceState, i64, Option<String>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

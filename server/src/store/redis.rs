@@ -1,0 +1,383 @@
+//! The Redis implementations of the stores (cluster mode). Keys follow mpush
+//! where it had them (`mp:rs:` sessions, `mp:ur:` routes); the rest are ours.
+//! Every command has a timeout; failures are logged and reported, never panics.
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use bytes::Bytes;
+use mpush_protocol::crypto::ResumeKey;
+use mpush_protocol::session::{AckMode, DeviceInfo, SessionRecord, SessionSecret};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde_json::{Value, json};
+use tracing::warn;
+
+use super::{
+    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicStore, TraceEvent,
+    TraceState, TraceStore, TraceView,
+};
+use crate::clock::unix_ms;
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn unb64(s: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD.decode(s).ok()
+}
+
+fn log<T>(what: &str, r: redis::RedisResult<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            metrics::counter!("mpush_redis_errors_total").increment(1);
+            warn!(error = %e, "redis {what} failed");
+            None
+        }
+    }
+}
+
+/// Sessions: legacy ones in mpush's exact value format, v2 ones as JSON.
+pub struct RedisSessions {
+    pub redis: ConnectionManager,
+}
+
+#[async_trait]
+impl SessionStore for RedisSessions {
+    async fn put(&self, r: SessionRecord) {
+        let ttl_ms = (r.expire_at_ms - unix_ms()).max(1000);
+        let value = match &r.secret {
+            SessionSecret::Legacy { .. } => r.to_mpush_value().unwrap_or_default(),
+            SessionSecret::V2 { resume_key } => json!({
+                "v": 2,
+                "deviceId": r.device.device_id,
+                "osName": r.device.os_name,
+                "osVersion": r.device.os_version,
+                "clientVersion": r.device.client_version,
+                "resumeKey": b64(&resume_key.0),
+            })
+            .to_string(),
+        };
+        let mut c = self.redis.clone();
+        let res: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("mp:rs:{}", r.session_id))
+            .arg(value)
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut c)
+            .await;
+        log("session put", res);
+    }
+
+    async fn get(&self, session_id: &str) -> Option<SessionRecord> {
+        let mut c = self.redis.clone();
+        let key = format!("mp:rs:{session_id}");
+        let (value, pttl): (Option<String>, i64) = log(
+            "session get",
+            redis::pipe().get(&key).pttl(&key).query_async(&mut c).await,
+        )?;
+        let value = value?;
+        let expire_at_ms = unix_ms() + pttl.max(0);
+        if !value.starts_with('{') {
+            return SessionRecord::from_mpush_value(session_id, expire_at_ms, &value);
+        }
+        let v: Value = serde_json::from_str(&value).ok()?;
+        let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+        let key: [u8; 32] = unb64(v["resumeKey"].as_str()?)?.try_into().ok()?;
+        Some(SessionRecord {
+            session_id: session_id.to_owned(),
+            device: DeviceInfo {
+                device_id: s("deviceId"),
+                os_name: s("osName"),
+                os_version: s("osVersion"),
+                client_version: s("clientVersion"),
+            },
+            secret: SessionSecret::V2 {
+                resume_key: ResumeKey(key),
+            },
+            expire_at_ms,
+        })
+    }
+}
+
+/// Traces: a hash per trace (`mp:trace:<id>`), one field per recipient
+/// (`user|device`) holding its JSON state, expiring with the trace TTL.
+pub struct RedisTraces {
+    pub redis: ConnectionManager,
+    pub ttl_secs: u64,
+}
+
+fn state_name(s: TraceState) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn state_from(s: &str) -> TraceState {
+    serde_json::from_value(json!(s)).unwrap_or(TraceState::Accepted)
+}
+
+#[async_trait]
+impl TraceStore for RedisTraces {
+    async fn create(&self, trace_id: &str, at_ms: i64) {
+        let key = format!("mp:trace:{trace_id}");
+        let mut c = self.redis.clone();
+        let res: redis::RedisResult<()> = redis::pipe()
+            .hset_nx(&key, "_meta", at_ms)
+            .ignore()
+            .expire(&key, self.ttl_secs as i64)
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        log("trace create", res);
+    }
+
+    async fn record(&self, e: TraceEvent<'_>) {
+        let key = format!("mp:trace:{}", e.trace_id);
+        let mut c = self.redis.clone();
+        // Read-modify-write of one field: concurrent writers for the same
+        // recipient are one connection's events, so they do not interleave.
+        let field = format!("{}|{}", e.user_id, e.device_id);
+        let placeholder = format!("{}|", e.user_id);
+        let fields: Option<Vec<Option<String>>> = log(
+            "trace read",
+            redis::cmd("HMGET")
+                .arg(&key)
+                .arg(&field)
+                .arg(&placeholder)
+                .query_async(&mut c)
+                .await,
+        );
+        let fields = fields.unwrap_or_default();
+        let existing = fields
+            .first()
+            .cloned()
+            .flatten()
+            .or_else(|| fields.get(1).cloned().flatten());
+        let from_placeholder = fields.first().cloned().flatten().is_none()
+            && fields.get(1).cloned().flatten().is_some();
+        let mut r: RecipientState = existing
+            .and_then(|j| serde_json::from_str::<Value>(&j).ok())
+            .map(|v| recipient_from_json(&v))
+            .unwrap_or(RecipientState {
+                user_id: e.user_id.to_owned(),
+                device_id: e.device_id.to_owned(),
+                client_type: e.client_type,
+                state: e.state,
+                detail: None,
+                updated_at_ms: e.at_ms,
+                history: Vec::new(),
+            });
+        if r.device_id.is_empty() {
+            r.device_id = e.device_id.to_owned();
+            r.client_type = e.client_type;
+        }
+        r.history.push((e.state, e.at_ms, e.detail.clone()));
+        if e.state.rank() >= r.state.rank()
+            || r.state == TraceState::Offline
+            || r.history.len() == 1
+        {
+            r.state = e.state;
+            r.detail = e.detail;
+            r.updated_at_ms = e.at_ms;
+        }
+        let mut p = redis::pipe();
+        if from_placeholder && !e.device_id.is_empty() {
+            p.hdel(&key, &placeholder).ignore();
+        }
+        let res: redis::RedisResult<()> = p
+            .hset(&key, &field, recipient_json(&r).to_string())
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        log("trace record", res);
+    }
+
+    async fn get(&self, trace_id: &str) -> Option<TraceView> {
+        let mut c = self.redis.clone();
+        let all: std::collections::HashMap<String, String> =
+            log("trace get", c.hgetall(format!("mp:trace:{trace_id}")).await)?;
+        let created_at_ms = all.get("_meta")?.parse().unwrap_or(0);
+        let mut recipients: Vec<RecipientState> = all
+            .iter()
+            .filter(|(k, _)| *k != "_meta")
+            .filter_map(|(_, v)| serde_json::from_str::<Value>(v).ok())
+            .map(|v| recipient_from_json(&v))
+            .collect();
+        recipients.sort_by(|a, b| (&a.user_id, &a.device_id).cmp(&(&b.user_id, &b.device_id)));
+        let state = recipients
+            .iter()
+            .map(|r| r.state)
+            .min_by_key(|s| s.rank())
+            .unwrap_or(TraceState::Accepted);
+        Some(TraceView {
+            trace_id: trace_id.to_owned(),
+            created_at_ms,
+            state,
+            recipients,
+        })
+    }
+}
+
+fn recipient_json(r: &RecipientState) -> Value {
+    json!({
+        "userId": r.user_id, "deviceId": r.device_id, "clientType": r.client_type,
+        "state": state_name(r.state), "detail": r.detail, "updatedAtMs": r.updated_at_ms,
+        "history": r.history.iter().map(|(s, t, d)| json!([state_name(*s), t, d])).collect::<Vec<_>>(),
+    })
+}
+
+fn recipient_from_json(v: &Value) -> RecipientState {
+    RecipientState {
+        user_id: v["userId"].as_str().unwrap_or_default().to_owned(),
+        device_id: v["deviceId"].as_str().unwrap_or_default().to_owned(),
+        client_type: v["clientType"].as_i64().unwrap_or(-1) as i32,
+        state: state_from(v["state"].as_str().unwrap_or_default()),
+        detail: v["detail"].as_str().map(str::to_owned),
+        updated_at_ms: v["updatedAtMs"].as_i64().unwrap_or(0),
+        history: v["history"]
+            .as_array()
+            .map(|h| {
+                h.iter()
+                    .map(|e| {
+                        (
+                            state_from(e[0].as_str().unwrap_or_default()),
+                            e[1].as_i64().unwrap_or(0),
+                            e[2].as_str().map(str::to_owned),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Inboxes: a list per user (`mp:inbox:<user>`) of JSON messages.
+pub struct RedisInbox {
+    pub redis: ConnectionManager,
+    pub max: usize,
+    pub max_ttl_secs: u64,
+}
+
+fn message_json(m: &StoredMessage) -> String {
+    json!({
+        "id": m.message_id, "trace": m.trace_id, "content": b64(&m.content),
+        "ack": match m.ack_mode { AckMode::None => 0, AckMode::Auto => 1, AckMode::Biz => 2 },
+        "ct": m.client_type, "exp": m.expires_at_ms,
+    })
+    .to_string()
+}
+
+fn message_from(s: &str) -> Option<StoredMessage> {
+    let v: Value = serde_json::from_str(s).ok()?;
+    Some(StoredMessage {
+        message_id: v["id"].as_u64()?,
+        trace_id: v["trace"].as_str()?.to_owned(),
+        content: Bytes::from(unb64(v["content"].as_str()?)?),
+        ack_mode: match v["ack"].as_u64() {
+            Some(1) => AckMode::Auto,
+            Some(2) => AckMode::Biz,
+            _ => AckMode::None,
+        },
+        client_type: v["ct"].as_i64().map(|c| c as i32),
+        expires_at_ms: v["exp"].as_i64()?,
+    })
+}
+
+#[async_trait]
+impl InboxStore for RedisInbox {
+    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxFull> {
+        let key = format!("mp:inbox:{user_id}");
+        let existing = self.list(user_id, unix_ms()).await;
+        if existing.iter().any(|m| m.message_id == message.message_id) {
+            return Ok(());
+        }
+        if existing.len() >= self.max {
+            return Err(InboxFull(user_id.to_owned()));
+        }
+        let mut c = self.redis.clone();
+        let res: redis::RedisResult<()> = redis::pipe()
+            .rpush(&key, message_json(&message))
+            .ignore()
+            .expire(&key, self.max_ttl_secs as i64)
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        log("inbox push", res).ok_or_else(|| InboxFull(format!("{user_id} (redis unavailable)")))
+    }
+
+    async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage> {
+        let key = format!("mp:inbox:{user_id}");
+        let mut c = self.redis.clone();
+        let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
+        let mut out = Vec::new();
+        for r in raw {
+            match message_from(&r) {
+                Some(m) if m.expires_at_ms > now_ms => out.push(m),
+                _ => {
+                    let _: Option<i64> = log("inbox expire", c.lrem(&key, 1, &r).await);
+                }
+            }
+        }
+        out
+    }
+
+    async fn remove(&self, user_id: &str, message_id: u64) -> bool {
+        let key = format!("mp:inbox:{user_id}");
+        let mut c = self.redis.clone();
+        let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
+        for r in raw {
+            if message_from(&r).is_some_and(|m| m.message_id == message_id) {
+                let n: Option<i64> = log("inbox remove", c.lrem(&key, 1, &r).await);
+                return n.unwrap_or(0) > 0;
+            }
+        }
+        false
+    }
+
+    async fn len(&self, user_id: &str) -> usize {
+        self.list(user_id, unix_ms()).await.len()
+    }
+}
+
+/// Topics: a set per topic (`mp:topic:<topic>`), as mpush's `topic:{topic}`.
+pub struct RedisTopics {
+    pub redis: ConnectionManager,
+}
+
+#[async_trait]
+impl TopicStore for RedisTopics {
+    async fn subscribe(&self, topic: &str, user_id: &str) -> bool {
+        let mut c = self.redis.clone();
+        log(
+            "topic subscribe",
+            c.sadd::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
+                .await,
+        )
+        .unwrap_or(0)
+            > 0
+    }
+
+    async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
+        let mut c = self.redis.clone();
+        log(
+            "topic unsubscribe",
+            c.srem::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
+                .await,
+        )
+        .unwrap_or(0)
+            > 0
+    }
+
+    async fn subscribers(&self, topic: &str) -> Vec<String> {
+        let mut c = self.redis.clone();
+        let mut v: Vec<String> = log(
+            "topic members",
+            c.smembers(format!("mp:topic:{topic}")).await,
+        )
+        .unwrap_or_default();
+        v.sort();
+        v
+    }
+}

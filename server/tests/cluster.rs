@@ -1,0 +1,369 @@
+//! Cluster mode on a real Redis (each test starts its own redis-server on a
+//! free loopback port): cross-node push, kick, broadcast and topics; a node
+//! killed with SIGKILL; Redis restarted mid-run.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use mpush_protocol::client::ClientEvent;
+use mpush_server::{Running, Settings};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// A redis-server of this test's own, killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    async fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (the test command installs it)");
+        let r = Self { child, port };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    async fn query(&self, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(self.url()).expect("url");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut c).await.expect("query")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn node_settings(redis: &str, id: &str) -> Settings {
+    let mut s = settings();
+    s.cluster.redis = redis.into();
+    s.cluster.node_id = id.into();
+    s.cluster.internal = "127.0.0.1:0".into();
+    s.cluster.route_refresh_secs = 1;
+    s.cluster.route_ttl_secs = 10;
+    s.cluster.node_renew_secs = 1;
+    s.cluster.node_ttl_secs = 3;
+    s.cluster.timeout_ms = 500;
+    s
+}
+
+async fn nodes(redis: &Redis) -> Vec<Running> {
+    let mut out = Vec::new();
+    for id in ["A", "B", "C"] {
+        out.push(start(node_settings(&redis.url(), id)).await);
+    }
+    // Wait until every node is registered.
+    let api = Api::new(&out[0]);
+    for _ in 0..100 {
+        let (_, list) = api.text(reqwest::Method::GET, "/", None).await;
+        if list.split(',').count() == 3 {
+            return out;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nodes never all registered");
+}
+
+async fn bound(server: &Running, user: &str, device: &str, os: &str, tags: &str) -> TestClient {
+    let mut c = TestClient::connect(server, Via::Tcp, true, common::device(device, os), None).await;
+    c.connected().await;
+    c.bind(user, tags).await;
+    c
+}
+
+#[tokio::test]
+async fn push_kick_broadcast_and_topics_cross_nodes() {
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let (api_a, api_c) = (Api::new(&n[0]), Api::new(&n[2]));
+    let mut on_b = bound(&n[1], "bea", "bea-phone", "android", "vip").await;
+    let mut on_c = bound(&n[2], "cal", "cal-pc", "windows", "").await;
+    let mut on_a = bound(&n[0], "ada", "ada-phone", "android", "vip").await;
+
+    // A user bound on B receives a push sent to A's API; the trace shows the hop.
+    let (st, r) = api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "bea", "content": "from A", "ackMode": "auto"}),
+        )
+        .await;
+    assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
+    on_b.message("from A").await;
+    let t = api_a
+        .trace_state(
+            r["traceId"].as_str().unwrap_or_default(),
+            "bea",
+            "DELIVERED",
+        )
+        .await;
+    let hops = t.to_string();
+    assert!(hops.contains("forwarded from node A to node B"), "{t}");
+    assert!(
+        hops.contains("DISPATCHED") && t["recipients"][0]["deviceId"] == "bea-phone",
+        "{t}"
+    );
+
+    // Bea logs in again from another phone on C: the phone on B is kicked.
+    let _bea2 = bound(&n[2], "bea", "bea-phone-2", "ios", "").await;
+    on_b.wait_for(
+        "cross-node kick",
+        |e| matches!(e, ClientEvent::Kicked { device_id, .. } if device_id == "bea-phone"),
+    )
+    .await;
+    let (_, r) = api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "bea", "content": "to the new phone"}),
+        )
+        .await;
+    assert_eq!(r["dispatched"], 1, "{r}");
+
+    // Broadcast from C reaches the vip users on A and B... (bea moved: ada only + cal not vip)
+    let (st, _) = api_c
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "everyone", "condition": "true"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    on_a.message("everyone").await;
+    on_c.message("everyone").await;
+    on_b.message("everyone").await;
+    let (st, _) = api_c
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "vips", "tags": ["vip"]}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    on_a.message("vips").await;
+    on_c.settle(Duration::from_millis(300)).await;
+    assert!(!on_c.messages().contains(&"vips".to_owned()));
+
+    // Topics are shared: subscribe through A, push through C, delivered on A and C.
+    for u in ["ada", "cal"] {
+        api_a
+            .text(
+                reqwest::Method::PUT,
+                &format!("/api/v1/topics/news/subscribers/{u}"),
+                None,
+            )
+            .await;
+    }
+    let (st, r) = api_c
+        .post("/api/v1/topics/news/push", json!({"content": "topic!"}))
+        .await;
+    assert_eq!((st, r["subscribers"].as_u64()), (202, Some(2)), "{r}");
+    on_a.message("topic!").await;
+    on_c.message("topic!").await;
+
+    // The allocator lists the three nodes, least loaded first.
+    let (_, list) = api_a.text(reqwest::Method::GET, "/", None).await;
+    assert_eq!(list.split(',').count(), 3, "{list}");
+    for node in n {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn redis_restart_keeps_local_delivery_and_cross_node_delivery_comes_back() {
+    let port = free_port();
+    let redis = Redis::start(port).await;
+    let n = nodes(&redis).await;
+    let api_a = Api::new(&n[0]);
+    let mut on_a = bound(&n[0], "lou", "lou-1", "android", "").await;
+    let mut on_b = bound(&n[1], "rem", "rem-1", "android", "").await;
+    api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "rem", "content": "before"}),
+        )
+        .await;
+    on_b.message("before").await;
+
+    drop(redis);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Local delivery never stops.
+    let (st, r) = api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "lou", "content": "redis is down"}),
+        )
+        .await;
+    assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
+    on_a.message("redis is down").await;
+    // Remote delivery fails with a clear status instead.
+    let (st, r) = api_a
+        .post("/api/v1/push", json!({"userId": "rem", "content": "lost"}))
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(r["dispatched"], 0, "{r}");
+    assert!(
+        r["error"].as_str().unwrap_or("").contains("unavailable"),
+        "{r}"
+    );
+
+    // Redis comes back (empty): nodes re-register and routes are refreshed.
+    let _redis = Redis::start(port).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, r) = api_a
+            .post("/api/v1/push", json!({"userId": "rem", "content": "after"}))
+            .await;
+        if r["dispatched"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cross-node delivery never resumed: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    on_b.message("after").await;
+    for node in n {
+        node.shutdown().await;
+    }
+}
+
+/// A node as its own process, to be killed with SIGKILL.
+struct NodeProcess {
+    child: Child,
+    tcp: String,
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_node(redis: &str, id: &str) -> NodeProcess {
+    let (tcp, http) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_mpush-server"))
+        .args([
+            "--tcp",
+            &format!("127.0.0.1:{tcp}"),
+            "--http",
+            &format!("127.0.0.1:{http}"),
+            "--ws",
+            "",
+            "--redis",
+            redis,
+        ])
+        .env("MPUSH__CLUSTER__NODE_ID", id)
+        .env("MPUSH__CLUSTER__INTERNAL", "127.0.0.1:0")
+        .env("MPUSH__CLUSTER__NODE_RENEW_SECS", "1")
+        .env("MPUSH__CLUSTER__NODE_TTL_SECS", "3")
+        .env("MPUSH__CLUSTER__TIMEOUT_MS", "500")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("node starts");
+    NodeProcess {
+        child,
+        tcp: format!("127.0.0.1:{tcp}"),
+    }
+}
+
+#[tokio::test]
+async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
+    let redis = Redis::start(free_port()).await;
+    let a = start(node_settings(&redis.url(), "A")).await;
+    let api = Api::new(&a);
+    let mut victim = spawn_node(&redis.url(), "K");
+    // Wait for K to listen.
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(&victim.tcp).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Clients on K with a ticket; their "SDK" moves to A when K dies.
+    let victim_addr: std::net::SocketAddr = victim.tcp.parse().expect("addr");
+    let fake = Running::for_address(victim_addr);
+    let mut c = TestClient::connect(&fake, Via::Tcp, true, device("kim-1", "android"), None).await;
+    let ClientEvent::Connected { ticket, .. } = c.connected().await else {
+        unreachable!()
+    };
+    c.bind("kim", "").await;
+    let routes = redis.query(&["HGETALL", "mp:ur:kim"]).await;
+    assert!(
+        format!("{routes:?}").contains("K#"),
+        "the route names node K: {routes:?}"
+    );
+
+    let _ = victim.child.kill(); // SIGKILL
+    let _ = victim.child.wait();
+    c.wait_for("socket closed", |e| matches!(e, ClientEvent::Closed { .. }))
+        .await;
+    // Meanwhile: a push with an ACK mode and a TTL.
+    let (_, r) = api.post("/api/v1/push", json!({"userId": "kim", "content": "while K was dying", "ackMode": "auto", "ttlSeconds": 300})).await;
+    assert_eq!(r["stored"], true, "{r}");
+    // The stale route to K is gone.
+    let routes = redis.query(&["HGETALL", "mp:ur:kim"]).await;
+    let (_, t) = api
+        .get(&format!(
+            "/api/v1/traces/{}",
+            r["traceId"].as_str().unwrap_or_default()
+        ))
+        .await;
+    assert!(!format!("{routes:?}").contains("K#"), "{routes:?} {t}");
+    // The client reconnects to A (fast connect: the session lives in Redis).
+    let mut c = TestClient::connect(&a, Via::Tcp, true, device("kim-1", "android"), ticket).await;
+    let ClientEvent::Connected { resumed, .. } = c.connected().await else {
+        unreachable!()
+    };
+    assert!(resumed, "the session made on K resumes on A");
+    c.bind("kim", "").await;
+    c.message("while K was dying").await;
+    c.settle(Duration::from_millis(500)).await;
+    assert_eq!(c.messages(), vec!["while K was dying"], "exactly once");
+    a.shutdown().await;
+}
