@@ -136,22 +136,6 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
 }
 
 impl Running {
-    /// A handle that only names addresses (for tests that talk to a node in
-    /// another process); its hub is an unstarted in-memory one.
-    pub fn for_address(tcp: SocketAddr) -> Self {
-        let mut s = Settings::default();
-        s.net.tcp = tcp.to_string();
-        let cfg = s.validate().expect("default settings are valid");
-        let http = cfg.http;
-        Self {
-            tcp,
-            ws: None,
-            http,
-            hub: Hub::in_memory(Arc::new(cfg)),
-            tasks: Vec::new(),
-        }
-    }
-
     /// Stops accepting, tells v2 clients to reconnect elsewhere, waits for
     /// in-flight ACKs up to the drain timeout, then closes every connection.
     /// Un-ACKed messages with a TTL stay in the offline inbox.

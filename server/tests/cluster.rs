@@ -314,25 +314,40 @@ fn spawn_node(redis: &str, id: &str) -> NodeProcess {
 
 #[tokio::test]
 async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
+    use mpush_sdk_core::SessionEvent;
+    use mpush_sdk_core::native::{Client, ClientOptions};
+    use mpush_sdk_core::session::SessionConfig;
+
     let redis = Redis::start(free_port()).await;
     let a = start(node_settings(&redis.url(), "A")).await;
     let api = Api::new(&a);
     let mut victim = spawn_node(&redis.url(), "K");
-    // Wait for K to listen.
     for _ in 0..100 {
         if tokio::net::TcpStream::connect(&victim.tcp).await.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Clients on K with a ticket; their "SDK" moves to A when K dies.
-    let victim_addr: std::net::SocketAddr = victim.tcp.parse().expect("addr");
-    let fake = Running::for_address(victim_addr);
-    let mut c = TestClient::connect(&fake, Via::Tcp, true, device("kim-1", "android"), None).await;
-    let ClientEvent::Connected { ticket, .. } = c.connected().await else {
-        unreachable!()
-    };
-    c.bind("kim", "").await;
+    // Two SDK clients whose server list starts with K, then A.
+    let mut clients = Vec::new();
+    for user in ["kim", "kat"] {
+        let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+        let cfg = SessionConfig::new(
+            vec![victim.tcp.clone(), a.tcp.to_string()],
+            key,
+            device(&format!("{user}-phone"), "android"),
+        );
+        let mut c = Client::connect(ClientOptions {
+            session: cfg,
+            ticket_store: None,
+        });
+        c.bind(user, "", "").await.expect("bind");
+        wait_sdk(&mut c, "bound on K", |e| {
+            matches!(e, SessionEvent::BindResult { ok: true, .. })
+        })
+        .await;
+        clients.push((user, c));
+    }
     let routes = redis.query(&["HGETALL", "mp:ur:kim"]).await;
     assert!(
         format!("{routes:?}").contains("K#"),
@@ -341,29 +356,58 @@ async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
 
     let _ = victim.child.kill(); // SIGKILL
     let _ = victim.child.wait();
-    c.wait_for("socket closed", |e| matches!(e, ClientEvent::Closed { .. }))
+    // Meanwhile: pushes with an ACK mode and a TTL, through A.
+    let mut traces = Vec::new();
+    for (user, _) in &clients {
+        let (_, r) = api.post("/api/v1/push", json!({"userId": user, "content": format!("for {user}"), "ackMode": "auto", "ttlSeconds": 300})).await;
+        traces.push(r["traceId"].as_str().unwrap_or_default().to_owned());
+    }
+    // The clients move to A by themselves (the session made on K resumes there).
+    for (user, c) in &mut clients {
+        let want = format!("for {user}");
+        let e = wait_sdk(c, "reconnected to A", |e| {
+            matches!(e, SessionEvent::Connected { .. })
+        })
         .await;
-    // Meanwhile: a push with an ACK mode and a TTL.
-    let (_, r) = api.post("/api/v1/push", json!({"userId": "kim", "content": "while K was dying", "ackMode": "auto", "ttlSeconds": 300})).await;
-    assert_eq!(r["stored"], true, "{r}");
-    // The stale route to K is gone.
-    let routes = redis.query(&["HGETALL", "mp:ur:kim"]).await;
-    let (_, t) = api
-        .get(&format!(
-            "/api/v1/traces/{}",
-            r["traceId"].as_str().unwrap_or_default()
-        ))
-        .await;
-    assert!(!format!("{routes:?}").contains("K#"), "{routes:?} {t}");
-    // The client reconnects to A (fast connect: the session lives in Redis).
-    let mut c = TestClient::connect(&a, Via::Tcp, true, device("kim-1", "android"), ticket).await;
-    let ClientEvent::Connected { resumed, .. } = c.connected().await else {
-        unreachable!()
-    };
-    assert!(resumed, "the session made on K resumes on A");
-    c.bind("kim", "").await;
-    c.message("while K was dying").await;
-    c.settle(Duration::from_millis(500)).await;
-    assert_eq!(c.messages(), vec!["while K was dying"], "exactly once");
+        assert!(
+            matches!(&e, SessionEvent::Connected { address, .. } if *address == a.tcp.to_string()),
+            "{e:?}"
+        );
+        let mut got = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while let Ok(Some(e)) = tokio::time::timeout_at(deadline, c.next_event()).await {
+            if matches!(&e, SessionEvent::Message(m) if m.content == want.as_bytes()) {
+                got += 1;
+            }
+        }
+        assert_eq!(got, 1, "{user}: delivered exactly once");
+    }
+    // Stale routes to K are gone; the routes now name A.
+    for (user, _) in &clients {
+        let routes = redis.query(&["HGETALL", &format!("mp:ur:{user}")]).await;
+        let text = format!("{routes:?}");
+        assert!(!text.contains("K#") && text.contains("A#"), "{text}");
+    }
+    for t in &traces {
+        let (_, v) = api.get(&format!("/api/v1/traces/{t}")).await;
+        assert_eq!(v["state"], "DELIVERED", "{v}");
+    }
     a.shutdown().await;
+}
+
+async fn wait_sdk(
+    c: &mut mpush_sdk_core::native::Client,
+    what: &str,
+    f: impl Fn(&mpush_sdk_core::SessionEvent) -> bool,
+) -> mpush_sdk_core::SessionEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let e = tokio::time::timeout_at(deadline, c.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .expect("running");
+        if f(&e) {
+            return e;
+        }
+    }
 }
