@@ -2,6 +2,8 @@
 //! connection, and pushes per second through the HTTP API.
 //!
 //! Run: `cargo run --release -p mpush-server --example smoke -- [--conns 10000]`
+//! With `--cluster`: a redis-server and three nodes; clients on nodes B and C,
+//! every push sent to node A's API, so each one crosses nodes.
 //! It starts `target/release/mpush-server` as a child process on loopback
 //! ports, opens N real connections (RSA handshake + bind, legacy profile),
 //! reads the server's RSS from /proc, then pushes through the API and counts
@@ -141,9 +143,34 @@ async fn main() {
         "build the server first: cargo build --release -p mpush-server ({})",
         bin.display()
     );
-    let (tcp, http) = (free_port(), free_port());
-    let child = Command::new(&bin)
-        .args([
+    let cluster = std::env::args().any(|a| a == "--cluster");
+    let mut redis = None;
+    let redis_url = if cluster {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        redis = Some(Server(child));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Some(format!("redis://127.0.0.1:{port}/"))
+    } else {
+        None
+    };
+    let spawn = |id: &str| {
+        let (tcp, http) = (free_port(), free_port());
+        let mut cmd = Command::new(&bin);
+        cmd.args([
             "--tcp",
             &format!("127.0.0.1:{tcp}"),
             "--http",
@@ -155,9 +182,21 @@ async fn main() {
         .env("MPUSH__DELIVERY__PUSH_RATE", "10000000")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .spawn()
-        .expect("server starts");
-    let server = Server(child);
+        .stderr(Stdio::null());
+        if let Some(url) = &redis_url {
+            cmd.args(["--redis", url])
+                .env("MPUSH__CLUSTER__NODE_ID", id)
+                .env("MPUSH__CLUSTER__INTERNAL", "127.0.0.1:0");
+        }
+        (Server(cmd.spawn().expect("server starts")), tcp, http)
+    };
+    let (server, tcp, http) = spawn("A");
+    let others: Vec<(Server, u16, u16)> = if cluster {
+        vec![spawn("B"), spawn("C")]
+    } else {
+        Vec::new()
+    };
+    let _redis = redis;
     let pid = server.0.id();
     let api = format!("http://127.0.0.1:{http}");
     let http_client = reqwest::Client::new();
@@ -175,7 +214,23 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_before = rss_kb(pid);
 
-    let addr: SocketAddr = format!("127.0.0.1:{tcp}").parse().expect("addr");
+    // In cluster mode the clients connect to B and C only.
+    let targets: Vec<SocketAddr> = if cluster {
+        others
+            .iter()
+            .map(|o| format!("127.0.0.1:{}", o.1).parse().expect("addr"))
+            .collect()
+    } else {
+        vec![format!("127.0.0.1:{tcp}").parse().expect("addr")]
+    };
+    for t in &targets {
+        for _ in 0..100 {
+            if TcpStream::connect(t).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let received = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(Semaphore::new(0));
     let limiter = Arc::new(Semaphore::new(256));
@@ -185,6 +240,7 @@ async fn main() {
         // Spread over source addresses: ~28k ephemeral ports each.
         let src = std::net::IpAddr::from([127, 0, 0, 2 + (i / 20_000) as u8]);
         let permit = lim.acquire_owned().await.expect("semaphore");
+        let addr = targets[i % targets.len()];
         tokio::spawn(async move {
             if let Err(e) = client(addr, src, i, r, rd, permit).await {
                 eprintln!("client {i}: {e}");
@@ -202,12 +258,16 @@ async fn main() {
         "connections: {conns} handshakes+binds in {connect_secs:.2} s ({:.0}/s)",
         conns as f64 / connect_secs
     );
-    println!("server RSS: {rss_before} kB idle -> {rss_after} kB with {conns} bound connections");
-    println!(
-        "memory per idle bound connection: {:.0} bytes ({:.2} KB)",
-        per_conn,
-        per_conn / 1024.0
-    );
+    if !cluster {
+        println!(
+            "server RSS: {rss_before} kB idle -> {rss_after} kB with {conns} bound connections"
+        );
+        println!(
+            "memory per idle bound connection: {:.0} bytes ({:.2} KB)",
+            per_conn,
+            per_conn / 1024.0
+        );
+    }
 
     // Unicast through the batch API: 1000 users per request, 64-byte content.
     let content = "x".repeat(64);
@@ -251,7 +311,12 @@ async fn main() {
     let got = received.load(Ordering::Relaxed) - start_count;
     let secs = t1.elapsed().as_secs_f64();
     println!(
-        "batch API: {ok}/{requests} requests OK, {got}/{want} messages delivered in {secs:.2} s = {:.0} msg/s",
+        "batch API{}: {ok}/{requests} requests OK, {got}/{want} messages delivered in {secs:.2} s = {:.0} msg/s",
+        if cluster {
+            " (every push crosses nodes: API on A, clients on B and C)"
+        } else {
+            ""
+        },
         got as f64 / secs
     );
 

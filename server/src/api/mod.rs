@@ -16,6 +16,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine as _;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use mpush_protocol::session::AckMode;
 use serde::Deserialize;
@@ -265,10 +266,15 @@ async fn push_batch(
     let spec = b.message.spec(&s.hub)?;
     draining(&s.hub)?;
     let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
-    let mut results = Vec::with_capacity(b.user_ids.len());
-    for u in &b.user_ids {
-        results.push(s.hub.push_user(&trace_id, &spec, u).await);
-    }
+    // Users are independent: deliver to many at once (order of results kept).
+    let results: Vec<_> = futures_util::stream::iter(b.user_ids.into_iter())
+        .map(|u| {
+            let (hub, spec, trace_id) = (s.hub.clone(), spec.clone(), trace_id.clone());
+            async move { hub.push_user(&trace_id, &spec, &u).await }
+        })
+        .buffered(64)
+        .collect()
+        .await;
     let dispatched: usize = results.iter().map(|r| r.dispatched).sum();
     Ok(Json(
         json!({ "traceId": trace_id, "dispatched": dispatched, "results": results }),
