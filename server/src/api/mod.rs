@@ -267,7 +267,7 @@ async fn push_batch(
     draining(&s.hub)?;
     let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
     // Users are independent: deliver to many at once (order of results kept).
-    let results: Vec<_> = futures_util::stream::iter(b.user_ids.into_iter())
+    let results: Vec<_> = futures_util::stream::iter(b.user_ids)
         .map(|u| {
             let (hub, spec, trace_id) = (s.hub.clone(), spec.clone(), trace_id.clone());
             async move { hub.push_user(&trace_id, &spec, &u).await }
