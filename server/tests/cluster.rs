@@ -411,3 +411,81 @@ async fn wait_sdk(
         }
     }
 }
+
+#[tokio::test]
+async fn a_draining_node_leaves_first_and_sends_v2_clients_to_another_node() {
+    use mpush_sdk_core::SessionEvent;
+    use mpush_sdk_core::native::{Client, ClientOptions};
+    use mpush_sdk_core::session::SessionConfig;
+
+    let redis = Redis::start(free_port()).await;
+    let a = start(node_settings(&redis.url(), "A")).await;
+    let mut sb = node_settings(&redis.url(), "B");
+    sb.shutdown.redirect_jitter_ms = 200;
+    let b = start(sb).await;
+    let (api_a, api_b) = (Api::new(&a), Api::new(&b));
+    for _ in 0..100 {
+        if api_a
+            .text(reqwest::Method::GET, "/", None)
+            .await
+            .1
+            .split(',')
+            .count()
+            == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The client only knows node B.
+    let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+    let cfg = SessionConfig::new(
+        vec![b.tcp.to_string()],
+        key,
+        device("dana-phone", "android"),
+    );
+    let mut c = Client::connect(ClientOptions {
+        session: cfg,
+        ticket_store: None,
+    });
+    c.bind("dana", "", "").await.expect("bind");
+    wait_sdk(&mut c, "bound on B", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+    // An unacknowledged BIZ message is in flight when B drains.
+    let (_, r) = api_b
+        .post(
+            "/api/v1/push",
+            json!({"userId": "dana", "content": "in flight", "ackMode": "biz"}),
+        )
+        .await;
+    let SessionEvent::Message(first) =
+        wait_sdk(&mut c, "message", |e| matches!(e, SessionEvent::Message(_))).await
+    else {
+        unreachable!()
+    };
+    b.shutdown().await;
+    let (_, list) = api_a.text(reqwest::Method::GET, "/", None).await;
+    assert_eq!(list, a.tcp.to_string(), "B left the cluster first");
+    let e = wait_sdk(&mut c, "moved to A", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await;
+    assert!(
+        matches!(&e, SessionEvent::Connected { address, resumed: true, .. } if *address == a.tcp.to_string()),
+        "{e:?}"
+    );
+    wait_sdk(&mut c, "re-bound on A", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+    // The message B never got an ACK for was kept and comes again from A; the
+    // app does not see it twice, and its ACK now completes the trace.
+    c.ack(first.ack_id).await.expect("ack");
+    let trace = r["traceId"].as_str().unwrap_or_default();
+    api_a.trace_state(trace, "dana", "ACK").await;
+    let (_, u) = api_a.get("/api/v1/users/dana").await;
+    assert_eq!(u["online"], true, "{u}");
+    a.shutdown().await;
+}
