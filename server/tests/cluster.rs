@@ -109,11 +109,16 @@ async fn nodes(redis: &Redis) -> Vec<Running> {
     panic!("nodes never all registered");
 }
 
-async fn bound(server: &Running, user: &str, device: &str, os: &str, tags: &str) -> TestClient {
-    let mut c = TestClient::connect(server, Via::Tcp, true, common::device(device, os), None).await;
-    c.connected().await;
-    c.bind(user, tags).await;
-    c
+async fn on(server: &Running, user: &str, device: &str, os: &str, tags: &str) -> TestClient {
+    bound(
+        server,
+        Via::Tcp,
+        true,
+        common::device(device, os),
+        user,
+        tags,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -121,9 +126,9 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     let redis = Redis::start(free_port()).await;
     let n = nodes(&redis).await;
     let (api_a, api_c) = (Api::new(&n[0]), Api::new(&n[2]));
-    let mut on_b = bound(&n[1], "bea", "bea-phone", "android", "vip").await;
-    let mut on_c = bound(&n[2], "cal", "cal-pc", "windows", "").await;
-    let mut on_a = bound(&n[0], "ada", "ada-phone", "android", "vip").await;
+    let mut on_b = on(&n[1], "bea", "bea-phone", "android", "vip").await;
+    let mut on_c = on(&n[2], "cal", "cal-pc", "windows", "").await;
+    let mut on_a = on(&n[0], "ada", "ada-phone", "android", "vip").await;
 
     // A user bound on B receives a push sent to A's API; the trace shows the hop.
     let (st, r) = api_a
@@ -149,7 +154,7 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     );
 
     // Bea logs in again from another phone on C: the phone on B is kicked.
-    let _bea2 = bound(&n[2], "bea", "bea-phone-2", "ios", "").await;
+    let _bea2 = on(&n[2], "bea", "bea-phone-2", "ios", "").await;
     on_b.wait_for(
         "cross-node kick",
         |e| matches!(e, ClientEvent::Kicked { device_id, .. } if device_id == "bea-phone"),
@@ -216,8 +221,8 @@ async fn redis_restart_keeps_local_delivery_and_cross_node_delivery_comes_back()
     let redis = Redis::start(port).await;
     let n = nodes(&redis).await;
     let api_a = Api::new(&n[0]);
-    let mut on_a = bound(&n[0], "lou", "lou-1", "android", "").await;
-    let mut on_b = bound(&n[1], "rem", "rem-1", "android", "").await;
+    let mut on_a = on(&n[0], "lou", "lou-1", "android", "").await;
+    let mut on_b = on(&n[1], "rem", "rem-1", "android", "").await;
     api_a
         .post(
             "/api/v1/push",

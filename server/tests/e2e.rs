@@ -90,10 +90,7 @@ async fn missing_acks_are_retried_then_time_out() {
     let api = Api::new(&server);
     for v2 in [false, true] {
         let user = format!("slow-{v2}");
-        let mut c =
-            TestClient::connect(&server, Via::Tcp, v2, device(&user, "android"), None).await;
-        c.connected().await;
-        c.bind(&user, "").await;
+        let mut c = bound(&server, Via::Tcp, v2, device(&user, "android"), &user, "").await;
         let (_, r) = api
             .post(
                 "/api/v1/push",
@@ -158,18 +155,33 @@ async fn fast_connect_resumes_and_falls_back() {
 async fn duplicate_login_kicks_the_older_device_of_the_same_type() {
     let server = start(settings()).await;
     let api = Api::new(&server);
-    let mut phone1 =
-        TestClient::connect(&server, Via::Tcp, false, device("phone-1", "android"), None).await;
-    phone1.connected().await;
-    phone1.bind("alice", "").await;
-    let mut pc =
-        TestClient::connect(&server, Via::Tcp, true, device("pc-1", "windows"), None).await;
-    pc.connected().await;
-    pc.bind("alice", "").await;
-    let mut phone2 =
-        TestClient::connect(&server, Via::Tcp, true, device("phone-2", "ios"), None).await;
-    phone2.connected().await;
-    phone2.bind("alice", "").await;
+    let mut phone1 = bound(
+        &server,
+        Via::Tcp,
+        false,
+        device("phone-1", "android"),
+        "alice",
+        "",
+    )
+    .await;
+    let mut pc = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("pc-1", "windows"),
+        "alice",
+        "",
+    )
+    .await;
+    let mut phone2 = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("phone-2", "ios"),
+        "alice",
+        "",
+    )
+    .await;
     phone1
         .wait_for("kick", |e| matches!(e, ClientEvent::Kicked { device_id, user_id } if device_id == "phone-1" && user_id == "alice"))
         .await;
@@ -248,10 +260,7 @@ async fn broadcast_with_a_tag_filter_and_topic_push() {
     let api = Api::new(&server);
     let mut clients = Vec::new();
     for (user, tags) in [("t1", "vip,beta"), ("t2", "beta"), ("t3", "vip")] {
-        let mut c =
-            TestClient::connect(&server, Via::Tcp, true, device(user, "android"), None).await;
-        c.connected().await;
-        c.bind(user, tags).await;
+        let mut c = bound(&server, Via::Tcp, true, device(user, "android"), user, tags).await;
         clients.push(c);
     }
     let (st, r) = api
@@ -470,9 +479,15 @@ async fn legacy_javascript_client_speaks_json_over_websocket() {
 async fn api_kick_closes_the_device() {
     let server = start(settings()).await;
     let api = Api::new(&server);
-    let mut c = TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
-    c.connected().await;
-    c.bind("frank", "").await;
+    let mut c = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("k-1", "android"),
+        "frank",
+        "",
+    )
+    .await;
     let (st, r) = api.post("/api/v1/users/frank/kick", json!({})).await;
     assert_eq!((st, r["kicked"].as_u64()), (200, Some(1)), "{r}");
     c.wait_for("kick", |e| matches!(e, ClientEvent::Kicked { .. }))
@@ -488,10 +503,15 @@ async fn api_kick_closes_the_device() {
 async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
     let server = start(settings()).await;
     let api = Api::new(&server);
-    let mut v2 =
-        TestClient::connect(&server, Via::Tcp, true, device("sd-1", "android"), None).await;
-    v2.connected().await;
-    v2.bind("gina", "").await;
+    let mut v2 = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("sd-1", "android"),
+        "gina",
+        "",
+    )
+    .await;
     let (_, r) = api
         .post(
             "/api/v1/push",
@@ -576,9 +596,15 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
         "{t}"
     );
     // timeoutMs overrides the configured 60 s wait for this message.
-    let mut c = TestClient::connect(&server, Via::Tcp, true, device("to-1", "android"), None).await;
-    c.connected().await;
-    c.bind("jack", "").await;
+    let mut c = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("to-1", "android"),
+        "jack",
+        "",
+    )
+    .await;
     let t0 = std::time::Instant::now();
     let (_, r) = api
         .post(
@@ -596,9 +622,7 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
 async fn a_message_without_ack_sent_online_is_not_kept_for_later() {
     let server = start(settings()).await;
     let api = Api::new(&server);
-    let mut c = TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
-    c.connected().await;
-    c.bind("kim", "").await;
+    let mut c = bound(&server, Via::Tcp, true, device("k-1", "android"), "kim", "").await;
     let (_, r) = api
         .post(
             "/api/v1/push",
@@ -608,10 +632,7 @@ async fn a_message_without_ack_sent_online_is_not_kept_for_later() {
     assert_eq!(r["stored"], false, "{r}");
     c.message("once").await;
     c.close();
-    let mut again =
-        TestClient::connect(&server, Via::Tcp, true, device("k-1", "android"), None).await;
-    again.connected().await;
-    again.bind("kim", "").await;
+    let mut again = bound(&server, Via::Tcp, true, device("k-1", "android"), "kim", "").await;
     again.settle(Duration::from_millis(200)).await;
     assert!(again.messages().is_empty(), "{:?}", again.messages());
     server.shutdown().await;

@@ -54,6 +54,21 @@ pub fn device(id: &str, os: &str) -> DeviceInfo {
     }
 }
 
+/// A client that completed its handshake and bound `user`.
+pub async fn bound(
+    server: &Running,
+    via: Via,
+    v2: bool,
+    dev: DeviceInfo,
+    user: &str,
+    tags: &str,
+) -> TestClient {
+    let mut c = TestClient::connect(server, via, v2, dev, None).await;
+    c.connected().await;
+    c.bind(user, tags).await;
+    c
+}
+
 enum Cmd {
     Bind(String, String, String),
     Unbind(String),
