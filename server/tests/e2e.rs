@@ -260,7 +260,7 @@ async fn broadcast_with_a_tag_filter_and_topic_push() {
     let api = Api::new(&server);
     let mut clients = Vec::new();
     for (user, tags) in [("t1", "vip,beta"), ("t2", "beta"), ("t3", "vip")] {
-        let mut c = bound(&server, Via::Tcp, true, device(user, "android"), user, tags).await;
+        let c = bound(&server, Via::Tcp, true, device(user, "android"), user, tags).await;
         clients.push(c);
     }
     let (st, r) = api
@@ -596,7 +596,7 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
         "{t}"
     );
     // timeoutMs overrides the configured 60 s wait for this message.
-    let mut c = bound(
+    let c = bound(
         &server,
         Via::Tcp,
         true,
