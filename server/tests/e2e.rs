@@ -596,7 +596,7 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
         "{t}"
     );
     // timeoutMs overrides the configured 60 s wait for this message.
-    let c = bound(
+    let _client = bound(
         &server,
         Via::Tcp,
         true,
