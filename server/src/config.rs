@@ -100,6 +100,8 @@ pub struct Delivery {
     pub ack_retries: u32,
     /// How long trace states are kept (7 days).
     pub trace_ttl_secs: u64,
+    /// Traces kept in memory at most (the embedded store); the oldest go first.
+    pub trace_max: usize,
     /// Messages kept per offline user; more are refused (reported, never dropped silently).
     pub inbox_max: usize,
     /// Longest `ttlSeconds` accepted.
@@ -119,6 +121,7 @@ impl Default for Delivery {
             ack_waits_ms: vec![2000, 4000, 6000],
             ack_retries: 3,
             trace_ttl_secs: 7 * 86_400,
+            trace_max: 1_000_000,
             inbox_max: 1000,
             max_ttl_secs: 7 * 86_400,
             push_rate: 50_000,

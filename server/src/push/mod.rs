@@ -80,7 +80,7 @@ impl Hub {
     pub fn in_memory(cfg: Arc<Validated>) -> Arc<Self> {
         let d = &cfg.settings.delivery;
         let sessions = Arc::new(MemorySessions::default());
-        let traces = Arc::new(MemoryTraces::new(d.trace_ttl_secs));
+        let traces = Arc::new(MemoryTraces::new(d.trace_ttl_secs, d.trace_max));
         let inbox = Arc::new(MemoryInbox::new(d.inbox_max));
         let topics = Arc::new(MemoryTopics::default());
         Self::new(cfg, sessions, traces, inbox, topics)

@@ -47,15 +47,18 @@ struct TraceEntry {
 
 pub struct MemoryTraces {
     ttl_ms: i64,
+    /// Oldest traces are forgotten beyond this many (memory stays bounded).
+    max: usize,
     map: Mutex<HashMap<String, TraceEntry>>,
     /// Creation order, for expiry.
     order: Mutex<VecDeque<(i64, String)>>,
 }
 
 impl MemoryTraces {
-    pub fn new(ttl_secs: u64) -> Self {
+    pub fn new(ttl_secs: u64, max: usize) -> Self {
         Self {
             ttl_ms: i64::try_from(ttl_secs).unwrap_or(i64::MAX / 1000) * 1000,
+            max: max.max(1),
             map: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
         }
@@ -96,9 +99,13 @@ impl TraceStore for MemoryTraces {
                 expires_at_ms,
                 recipients: Vec::new(),
             });
-        self.order
-            .lock()
-            .push_back((expires_at_ms, trace_id.to_owned()));
+        let mut order = self.order.lock();
+        order.push_back((expires_at_ms, trace_id.to_owned()));
+        while order.len() > self.max {
+            if let Some((_, old)) = order.pop_front() {
+                self.map.lock().remove(&old);
+            }
+        }
     }
 
     async fn record(&self, e: TraceEvent<'_>) {
@@ -216,6 +223,21 @@ impl InboxStore for MemoryInbox {
 
     async fn len(&self, user_id: &str) -> usize {
         self.map.lock().get(user_id).map_or(0, VecDeque::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn traces_are_bounded_by_count() {
+        let t = MemoryTraces::new(3600, 2);
+        for id in ["a", "b", "c"] {
+            t.create(id, unix_ms()).await;
+        }
+        assert!(t.get("a").await.is_none(), "the oldest is forgotten");
+        assert!(t.get("b").await.is_some() && t.get("c").await.is_some());
     }
 }
 
