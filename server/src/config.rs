@@ -155,7 +155,8 @@ impl Default for Shutdown {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Cluster {
-    /// Redis URL (`redis://host:port/db`); empty: the embedded in-memory default.
+    /// Redis URL (`redis://host:port/db`, or `redis+sentinel://s1:26379,s2:26379/master`);
+    /// empty: the embedded in-memory default.
     pub redis: String,
     /// This node's id; empty: a random one at each start.
     pub node_id: String,
@@ -288,10 +289,10 @@ impl Settings {
         }
         let c = &self.cluster;
         if !c.redis.is_empty() {
-            if !(c.redis.starts_with("redis://") || c.redis.starts_with("rediss://")) {
+            if !crate::cluster::redis_conn::valid_url(&c.redis) {
                 return Err(invalid(
                     "cluster.redis",
-                    "must be a redis:// or rediss:// URL",
+                    "must be redis://host:port/db, rediss://..., or redis+sentinel://host:port,.../master",
                 ));
             }
             addr("cluster.internal", &c.internal)?;

@@ -27,6 +27,10 @@ struct Redis {
 
 impl Redis {
     async fn start(port: u16) -> Self {
+        Self::start_with(port, &[]).await
+    }
+
+    async fn start_with(port: u16, extra: &[&str]) -> Self {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -38,6 +42,7 @@ impl Redis {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server runs (the test command installs it)");
@@ -493,4 +498,126 @@ async fn a_draining_node_leaves_first_and_sends_v2_clients_to_another_node() {
     let (_, u) = api_a.get("/api/v1/users/dana").await;
     assert_eq!(u["online"], true, "{u}");
     a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_is_followed_without_a_restart() {
+    let (p_master, p_replica, p_sentinel) = (free_port(), free_port(), free_port());
+    let master = Redis::start(p_master).await;
+    let _replica = Redis::start_with(
+        p_replica,
+        &["--replicaof", "127.0.0.1", &p_master.to_string()],
+    )
+    .await;
+    let dir = std::env::temp_dir().join(format!(
+        "mpush-sentinel-{}-{p_sentinel}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let conf = dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!("port {p_sentinel}\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 {p_master} 1\nsentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 3000\n"),
+    )
+    .expect("write");
+    let sentinel_child = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sentinel");
+    let sentinel = Redis {
+        child: sentinel_child,
+        port: p_sentinel,
+    };
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", p_sentinel))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The replica must be in sync before a failover can pick it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = master.query(&["INFO", "replication"]).await;
+        if format!("{info:?}").contains("state=online") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "replica never synced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("redis+sentinel://127.0.0.1:{p_sentinel}/mymaster");
+    let a = start(node_settings(&url, "A")).await;
+    let b = start(node_settings(&url, "B")).await;
+    let api = Api::new(&a);
+    let mut on_b = on(&b, "sia", "sia-1", "android", "").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": "sia", "content": "before"}),
+            )
+            .await;
+        if r["dispatched"] == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    on_b.message("before").await;
+
+    // Fail over: the replica becomes the master; the nodes follow it.
+    sentinel.query(&["SENTINEL", "FAILOVER", "mymaster"]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = sentinel
+            .query(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
+            .await;
+        if format!("{m:?}").contains(&p_replica.to_string()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sentinel never failed over: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Until the nodes follow, writes hit the old master (now a read-only
+    // replica) and traces are lost; afterwards every push is fully traced.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let content = format!("after {attempt}");
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": "sia", "content": content, "ackMode": "auto"}),
+            )
+            .await;
+        let trace = r["traceId"].as_str().unwrap_or_default().to_owned();
+        let mut delivered = false;
+        for _ in 0..20 {
+            let (_, t) = api.get(&format!("/api/v1/traces/{trace}")).await;
+            if t["state"] == "DELIVERED" {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if delivered {
+            on_b.message(&content).await;
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "delivery never resumed after the failover: {r}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
 }

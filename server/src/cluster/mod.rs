@@ -7,6 +7,7 @@
 //! `mp:kick:<nodeId>`.
 
 pub mod peer;
+pub mod redis_conn;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,7 +18,6 @@ use futures_util::StreamExt;
 use mpush_protocol::message::v2;
 use parking_lot::Mutex;
 use redis::AsyncCommands;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -67,8 +67,7 @@ pub struct Route {
 
 pub struct Cluster {
     pub node_id: String,
-    pub redis: ConnectionManager,
-    client: redis::Client,
+    pub redis: redis_conn::RedisHandle,
     cfg: Arc<Validated>,
     me: Mutex<Option<NodeInfo>>,
     peers: peer::Peers,
@@ -84,16 +83,9 @@ return 0";
 impl Cluster {
     pub async fn connect(cfg: Arc<Validated>) -> anyhow::Result<Arc<Self>> {
         let c = &cfg.settings.cluster;
-        let client = redis::Client::open(c.redis.as_str())?;
-        let t = Duration::from_millis(c.timeout_ms);
-        let mc = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(t))
-            .set_response_timeout(Some(t))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        let redis = tokio::time::timeout(t * 3, client.get_connection_manager_with_config(mc))
-            .await
-            .map_err(|_| anyhow::anyhow!("redis at {} did not answer", c.redis))??;
+        let redis =
+            redis_conn::RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms)).await?;
+        redis.spawn_follow();
         let node_id = if c.node_id.is_empty() {
             crate::clock::random_hex(6)
         } else {
@@ -102,7 +94,6 @@ impl Cluster {
         Ok(Arc::new(Self {
             node_id,
             redis,
-            client,
             cfg,
             me: Mutex::new(None),
             peers: peer::Peers::default(),
@@ -150,7 +141,7 @@ impl Cluster {
         };
         me.load = load;
         let ttl = self.cfg.settings.cluster.node_ttl_secs;
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let mut p = redis::pipe();
         p.set_ex(format!("mp:node:{}", me.id), me.to_json(), ttl)
             .ignore()
@@ -168,7 +159,7 @@ impl Cluster {
 
     /// Leaves the cluster (first step of a drain).
     pub async fn deregister(&self) {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let id = &self.node_id;
         let _: redis::RedisResult<()> = redis::pipe()
             .del(format!("mp:node:{id}"))
@@ -183,7 +174,7 @@ impl Cluster {
 
     /// Live nodes, least loaded first (the allocator's list).
     pub async fn live_nodes(&self) -> Vec<NodeInfo> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let ids: Vec<String> = c.smembers("mp:nodes").await.unwrap_or_default();
         if ids.is_empty() {
             return Vec::new();
@@ -215,7 +206,7 @@ impl Cluster {
         {
             return n.clone();
         }
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let v: Option<String> = c.get(format!("mp:node:{id}")).await.ok().flatten();
         let n = v.as_deref().and_then(NodeInfo::from_json);
         self.live
@@ -237,7 +228,7 @@ impl Cluster {
         device_id: &str,
     ) -> Result<Option<Route>, redis::RedisError> {
         let key = format!("mp:ur:{user}");
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let (old,): (Option<String>,) = redis::pipe()
             .hget(&key, client_type)
             .hset(&key, client_type, self.route_value(conn_id, device_id))
@@ -251,7 +242,7 @@ impl Cluster {
 
     /// Removes a route only if it still names `node`'s connection `conn_id`.
     pub async fn route_del(&self, user: &str, client_type: i32, node: &str, conn_id: u64) {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let _: redis::RedisResult<i64> = redis::Script::new(DEL_ROUTE)
             .key(format!("mp:ur:{user}"))
             .arg(client_type)
@@ -261,7 +252,7 @@ impl Cluster {
     }
 
     pub async fn routes(&self, user: &str) -> Result<Vec<Route>, redis::RedisError> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let all: HashMap<String, String> = c.hgetall(format!("mp:ur:{user}")).await?;
         Ok(all
             .iter()
@@ -277,7 +268,7 @@ impl Cluster {
     }
 
     pub async fn publish(&self, channel: &str, payload: String) -> Result<(), redis::RedisError> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         c.publish::<_, _, i64>(channel, payload).await.map(|_| ())
     }
 
@@ -328,7 +319,7 @@ impl Cluster {
                     .expire(&key, ttl)
                     .ignore();
                 }
-                let mut c = me.redis.clone();
+                let mut c = me.redis.conn();
                 if let Err(e) = p.query_async::<()>(&mut c).await {
                     warn!(error = %e, "route refresh failed");
                 }
@@ -352,7 +343,7 @@ impl Cluster {
     }
 
     async fn listen(&self, hub: &Weak<Hub>) -> Result<(), redis::RedisError> {
-        let mut ps = self.client.get_async_pubsub().await?;
+        let mut ps = self.redis.client().get_async_pubsub().await?;
         ps.subscribe("mp:broadcast").await?;
         ps.subscribe(format!("mp:kick:{}", self.node_id)).await?;
         let mut stream = ps.on_message();

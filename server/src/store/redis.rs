@@ -8,7 +8,6 @@ use bytes::Bytes;
 use mpush_protocol::crypto::ResumeKey;
 use mpush_protocol::session::{AckMode, DeviceInfo, SessionRecord, SessionSecret};
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde_json::{Value, json};
 use tracing::warn;
 
@@ -17,6 +16,7 @@ use super::{
     TraceState, TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
+use crate::cluster::redis_conn::RedisHandle;
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
@@ -39,7 +39,7 @@ fn log<T>(what: &str, r: redis::RedisResult<T>) -> Option<T> {
 
 /// Sessions: legacy ones in mpush's exact value format, v2 ones as JSON.
 pub struct RedisSessions {
-    pub redis: ConnectionManager,
+    pub redis: RedisHandle,
 }
 
 #[async_trait]
@@ -58,7 +58,7 @@ impl SessionStore for RedisSessions {
             })
             .to_string(),
         };
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let res: redis::RedisResult<()> = redis::cmd("SET")
             .arg(format!("mp:rs:{}", r.session_id))
             .arg(value)
@@ -70,7 +70,7 @@ impl SessionStore for RedisSessions {
     }
 
     async fn get(&self, session_id: &str) -> Option<SessionRecord> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let key = format!("mp:rs:{session_id}");
         let (value, pttl): (Option<String>, i64) = log(
             "session get",
@@ -103,7 +103,7 @@ impl SessionStore for RedisSessions {
 /// Traces: a hash per trace (`mp:trace:<id>`), one field per recipient
 /// (`user|device`) holding its JSON state, expiring with the trace TTL.
 pub struct RedisTraces {
-    pub redis: ConnectionManager,
+    pub redis: RedisHandle,
     pub ttl_secs: u64,
 }
 
@@ -122,7 +122,7 @@ fn state_from(s: &str) -> TraceState {
 impl TraceStore for RedisTraces {
     async fn create(&self, trace_id: &str, at_ms: i64) {
         let key = format!("mp:trace:{trace_id}");
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let res: redis::RedisResult<()> = redis::pipe()
             .hset_nx(&key, "_meta", at_ms)
             .ignore()
@@ -135,7 +135,7 @@ impl TraceStore for RedisTraces {
 
     async fn record(&self, e: TraceEvent<'_>) {
         let key = format!("mp:trace:{}", e.trace_id);
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         // Read-modify-write of one field: concurrent writers for the same
         // recipient are one connection's events, so they do not interleave.
         let field = format!("{}|{}", e.user_id, e.device_id);
@@ -195,7 +195,7 @@ impl TraceStore for RedisTraces {
     }
 
     async fn get(&self, trace_id: &str) -> Option<TraceView> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let all: std::collections::HashMap<String, String> =
             log("trace get", c.hgetall(format!("mp:trace:{trace_id}")).await)?;
         let created_at_ms = all.get("_meta")?.parse().unwrap_or(0);
@@ -255,7 +255,7 @@ fn recipient_from_json(v: &Value) -> RecipientState {
 
 /// Inboxes: a list per user (`mp:inbox:<user>`) of JSON messages.
 pub struct RedisInbox {
-    pub redis: ConnectionManager,
+    pub redis: RedisHandle,
     pub max: usize,
     pub max_ttl_secs: u64,
 }
@@ -296,7 +296,7 @@ impl InboxStore for RedisInbox {
         if existing.len() >= self.max {
             return Err(InboxFull(user_id.to_owned()));
         }
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let res: redis::RedisResult<()> = redis::pipe()
             .rpush(&key, message_json(&message))
             .ignore()
@@ -309,7 +309,7 @@ impl InboxStore for RedisInbox {
 
     async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage> {
         let key = format!("mp:inbox:{user_id}");
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
         let mut out = Vec::new();
         for r in raw {
@@ -325,7 +325,7 @@ impl InboxStore for RedisInbox {
 
     async fn remove(&self, user_id: &str, message_id: u64) -> bool {
         let key = format!("mp:inbox:{user_id}");
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
         for r in raw {
             if message_from(&r).is_some_and(|m| m.message_id == message_id) {
@@ -343,13 +343,13 @@ impl InboxStore for RedisInbox {
 
 /// Topics: a set per topic (`mp:topic:<topic>`), as mpush's `topic:{topic}`.
 pub struct RedisTopics {
-    pub redis: ConnectionManager,
+    pub redis: RedisHandle,
 }
 
 #[async_trait]
 impl TopicStore for RedisTopics {
     async fn subscribe(&self, topic: &str, user_id: &str) -> bool {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         log(
             "topic subscribe",
             c.sadd::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
@@ -360,7 +360,7 @@ impl TopicStore for RedisTopics {
     }
 
     async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         log(
             "topic unsubscribe",
             c.srem::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
@@ -371,7 +371,7 @@ impl TopicStore for RedisTopics {
     }
 
     async fn subscribers(&self, topic: &str) -> Vec<String> {
-        let mut c = self.redis.clone();
+        let mut c = self.redis.conn();
         let mut v: Vec<String> = log(
             "topic members",
             c.smembers(format!("mp:topic:{topic}")).await,
