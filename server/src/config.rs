@@ -155,7 +155,8 @@ impl Default for Shutdown {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Cluster {
-    /// Redis URL (`redis://host:port/db`, or `redis+sentinel://s1:26379,s2:26379/master`);
+    /// Redis URL (`redis://host:port/db`, `redis+sentinel://s1:26379,s2:26379/master`,
+    /// or `redis+cluster://n1:6379,n2:6379/`);
     /// empty: the embedded in-memory default.
     pub redis: String,
     /// This node's id; empty: a random one at each start.
@@ -292,7 +293,7 @@ impl Settings {
             if !crate::cluster::redis_conn::valid_url(&c.redis) {
                 return Err(invalid(
                     "cluster.redis",
-                    "must be redis://host:port/db, rediss://..., or redis+sentinel://host:port,.../master",
+                    "must be redis://host:port/db, rediss://..., redis+sentinel://host:port,.../master or redis+cluster://host:port,.../",
                 ));
             }
             addr("cluster.internal", &c.internal)?;

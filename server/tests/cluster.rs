@@ -621,3 +621,135 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn nodes_share_a_redis_cluster() {
+    let ports = [free_port(), free_port(), free_port()];
+    let dir = std::env::temp_dir().join(format!(
+        "mpush-rediscluster-{}-{}",
+        std::process::id(),
+        ports[0]
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut shards = Vec::new();
+    for p in ports {
+        let conf = format!("nodes-{p}.conf");
+        let child = Command::new("redis-server")
+            .current_dir(&dir)
+            .args([
+                "--port",
+                &p.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        shards.push(Redis { child, port: p });
+    }
+    for p in ports {
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", p))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli (from redis-tools, installed with redis-server)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = shards[0].query(&["CLUSTER", "INFO"]).await;
+        if format!("{info:?}").contains("cluster_state:ok") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cluster never became ok"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("redis+cluster://{}/", addrs.join(","));
+    let a = start(node_settings(&url, "A")).await;
+    let b = start(node_settings(&url, "B")).await;
+    let api = Api::new(&a);
+    for _ in 0..100 {
+        if api
+            .text(reqwest::Method::GET, "/", None)
+            .await
+            .1
+            .split(',')
+            .count()
+            == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, list) = api.text(reqwest::Method::GET, "/", None).await;
+    assert_eq!(list.split(',').count(), 2, "{list}");
+    // Users spread over slots of every shard.
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        let user = format!("rc-user-{i}");
+        clients.push((
+            user.clone(),
+            on(&b, &user, &format!("rc-dev-{i}"), "android", "t").await,
+        ));
+    }
+    for (user, c) in &mut clients {
+        let (_, r) = api
+            .post(
+                "/api/v1/push",
+                json!({"userId": user, "content": "via the redis cluster", "ackMode": "auto"}),
+            )
+            .await;
+        assert_eq!(r["dispatched"], 1, "{r}");
+        c.message("via the redis cluster").await;
+        api.trace_state(r["traceId"].as_str().unwrap_or_default(), user, "DELIVERED")
+            .await;
+    }
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "all of you", "tags": ["t"]}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    for (_, c) in &mut clients {
+        c.message("all of you").await;
+    }
+    // A second login on A kicks the device on B (sharded pub/sub carries it).
+    let _again = on(&a, "rc-user-0", "rc-dev-0b", "ios", "").await;
+    clients[0]
+        .1
+        .wait_for(
+            "kick across nodes",
+            |e| matches!(e, ClientEvent::Kicked { device_id, .. } if device_id == "rc-dev-0"),
+        )
+        .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}

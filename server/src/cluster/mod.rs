@@ -1,8 +1,8 @@
 //! Cluster mode on Redis: node discovery, the route table, node-to-node
 //! forwarding, and pub/sub fan-out for broadcast and cross-node kicks.
 //!
-//! Keys: `mp:node:<id>` (JSON, TTL `node_ttl_secs`, renewed), `mp:nodes` (set
-//! of ids), `mp:ur:<userId>` (hash: client type → JSON route, TTL refreshed
+//! Keys: `mp:{n}:node:<id>` (JSON, TTL `node_ttl_secs`, renewed), `mp:{n}:nodes`
+//! (set of ids), `mp:ur:<userId>` (hash: client type → JSON route, TTL refreshed
 //! while connected), channels `mp:events` (join/leave), `mp:broadcast`,
 //! `mp:kick:<nodeId>`.
 
@@ -25,6 +25,14 @@ use tracing::{info, warn};
 use crate::config::Validated;
 use crate::push::Hub;
 pub use peer::ForwardError;
+
+/// The set of node ids, and each node's registration: the `{n}` hash tag keeps
+/// them in one slot of a Redis Cluster.
+const NODES: &str = "mp:{n}:nodes";
+
+fn node_key(id: &str) -> String {
+    format!("mp:{{n}}:node:{id}")
+}
 
 /// What a node publishes about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,18 +151,23 @@ impl Cluster {
         let ttl = self.cfg.settings.cluster.node_ttl_secs;
         let mut c = self.redis.conn();
         let mut p = redis::pipe();
-        p.set_ex(format!("mp:node:{}", me.id), me.to_json(), ttl)
+        // Both keys share the `{n}` hash tag: one slot, so one pipeline also
+        // works on a Redis Cluster. PUBLISH (no key) goes on its own.
+        p.set_ex(node_key(&me.id), me.to_json(), ttl)
             .ignore()
-            .sadd("mp:nodes", &me.id)
+            .sadd(NODES, &me.id)
             .ignore();
-        if announce {
-            p.publish("mp:events", json!({"join": me.id}).to_string())
-                .ignore();
-        }
-        p.query_async::<()>(&mut c)
+        let ok = p
+            .query_async::<()>(&mut c)
             .await
             .map_err(|e| warn!(error = %e, "node registration failed"))
-            .is_ok()
+            .is_ok();
+        if ok && announce {
+            let _: redis::RedisResult<i64> = c
+                .publish("mp:events", json!({"join": me.id}).to_string())
+                .await;
+        }
+        ok
     }
 
     /// Leaves the cluster (first step of a drain).
@@ -162,36 +175,38 @@ impl Cluster {
         let mut c = self.redis.conn();
         let id = &self.node_id;
         let _: redis::RedisResult<()> = redis::pipe()
-            .del(format!("mp:node:{id}"))
+            .del(node_key(id))
             .ignore()
-            .srem("mp:nodes", id)
-            .ignore()
-            .publish("mp:events", json!({"leave": id}).to_string())
+            .srem(NODES, id)
             .ignore()
             .query_async(&mut c)
+            .await;
+        let _: redis::RedisResult<i64> = c
+            .publish("mp:events", json!({"leave": id}).to_string())
             .await;
     }
 
     /// Live nodes, least loaded first (the allocator's list).
     pub async fn live_nodes(&self) -> Vec<NodeInfo> {
         let mut c = self.redis.conn();
-        let ids: Vec<String> = c.smembers("mp:nodes").await.unwrap_or_default();
+        let ids: Vec<String> = c.smembers(NODES).await.unwrap_or_default();
         if ids.is_empty() {
             return Vec::new();
         }
-        let keys: Vec<String> = ids.iter().map(|i| format!("mp:node:{i}")).collect();
-        let values: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query_async(&mut c)
-            .await
-            .unwrap_or_default();
+        let keys: Vec<String> = ids.iter().map(|i| node_key(i)).collect();
+        // One GET per key (not MGET): in a Redis Cluster the keys live in different slots.
+        let mut p = redis::pipe();
+        for k in &keys {
+            p.get(k);
+        }
+        let values: Vec<Option<String>> = p.query_async(&mut c).await.unwrap_or_default();
         let mut nodes = Vec::new();
         for (id, v) in ids.iter().zip(values) {
             match v.as_deref().and_then(NodeInfo::from_json) {
                 Some(n) => nodes.push(n),
                 // Expired registration: forget the id.
                 None => {
-                    let _: redis::RedisResult<i64> = c.srem("mp:nodes", id).await;
+                    let _: redis::RedisResult<i64> = c.srem(NODES, id).await;
                 }
             }
         }
@@ -207,7 +222,7 @@ impl Cluster {
             return n.clone();
         }
         let mut c = self.redis.conn();
-        let v: Option<String> = c.get(format!("mp:node:{id}")).await.ok().flatten();
+        let v: Option<String> = c.get(node_key(id)).await.ok().flatten();
         let n = v.as_deref().and_then(NodeInfo::from_json);
         self.live
             .lock()
@@ -267,9 +282,20 @@ impl Cluster {
             .await
     }
 
+    /// PUBLISH, or SPUBLISH (sharded pub/sub) on a Redis Cluster.
     pub async fn publish(&self, channel: &str, payload: String) -> Result<(), redis::RedisError> {
         let mut c = self.redis.conn();
-        c.publish::<_, _, i64>(channel, payload).await.map(|_| ())
+        let cmd = if self.redis.cluster_nodes().is_some() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        };
+        redis::cmd(cmd)
+            .arg(channel)
+            .arg(payload)
+            .query_async::<i64>(&mut c)
+            .await
+            .map(|_| ())
     }
 
     /// Background work: renewing the registration, refreshing routes, and
@@ -307,21 +333,30 @@ impl Cluster {
                 tokio::time::sleep(every).await;
                 let Some(hub) = h.upgrade() else { return };
                 let ttl = me.cfg.settings.cluster.route_ttl_secs as i64;
-                let mut p = redis::pipe();
-                for (user, handle) in hub.registry.snapshot() {
-                    let key = format!("mp:ur:{user}");
-                    p.hset(
-                        &key,
-                        handle.info.client_type,
-                        me.route_value(handle.info.id, &handle.info.device.device_id),
-                    )
-                    .ignore()
-                    .expire(&key, ttl)
-                    .ignore();
-                }
-                let mut c = me.redis.conn();
-                if let Err(e) = p.query_async::<()>(&mut c).await {
-                    warn!(error = %e, "route refresh failed");
+                // One small pipeline per user key (one slot each on a Redis
+                // Cluster), many in flight at once.
+                let writes = hub.registry.snapshot().into_iter().map(|(user, handle)| {
+                    let me = me.clone();
+                    async move {
+                        let key = format!("mp:ur:{user}");
+                        let value = me.route_value(handle.info.id, &handle.info.device.device_id);
+                        let mut c = me.redis.conn();
+                        redis::pipe()
+                            .hset(&key, handle.info.client_type, value)
+                            .ignore()
+                            .expire(&key, ttl)
+                            .ignore()
+                            .query_async::<()>(&mut c)
+                            .await
+                    }
+                });
+                let failed = futures_util::stream::iter(writes)
+                    .buffer_unordered(32)
+                    .filter(|r| std::future::ready(r.is_err()))
+                    .count()
+                    .await;
+                if failed > 0 {
+                    warn!(failed, "route refresh failed for some users");
                 }
             }
         });
@@ -343,6 +378,9 @@ impl Cluster {
     }
 
     async fn listen(&self, hub: &Weak<Hub>) -> Result<(), redis::RedisError> {
+        if let Some(nodes) = self.redis.cluster_nodes() {
+            return self.listen_sharded(nodes, hub).await;
+        }
         let mut ps = self.redis.client().get_async_pubsub().await?;
         ps.subscribe("mp:broadcast").await?;
         ps.subscribe(format!("mp:kick:{}", self.node_id)).await?;
@@ -352,16 +390,58 @@ impl Cluster {
                 return Ok(());
             };
             let payload: String = msg.get_payload().unwrap_or_default();
-            let Ok(v) = serde_json::from_str::<Value>(&payload) else {
-                continue;
-            };
-            if msg.get_channel_name() == "mp:broadcast" {
-                tokio::spawn(async move { hub.broadcast_from_cluster(&v).await });
-            } else {
-                hub.kick_from_cluster(&v);
-            }
+            self.dispatch(&hub, msg.get_channel_name(), &payload);
         }
         Ok(())
+    }
+}
+
+impl Cluster {
+    /// Sharded pub/sub on a Redis Cluster: each channel lives on one shard
+    /// (RESP3; the client resubscribes by itself after disconnections).
+    async fn listen_sharded(
+        &self,
+        nodes: Vec<String>,
+        hub: &Weak<Hub>,
+    ) -> Result<(), redis::RedisError> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
+        let t = self.redis.timeout();
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .connection_timeout(t)
+            .response_timeout(t)
+            .build()?;
+        let mut conn = client.get_async_connection().await?;
+        conn.ssubscribe("mp:broadcast").await?;
+        conn.ssubscribe(format!("mp:kick:{}", self.node_id)).await?;
+        while let Some(push) = rx.recv().await {
+            if push.kind != redis::PushKind::SMessage {
+                continue;
+            }
+            let Some(hub) = hub.upgrade() else {
+                return Ok(());
+            };
+            let text = |v: Option<&redis::Value>| {
+                v.and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                    .unwrap_or_default()
+            };
+            let (channel, payload) = (text(push.data.first()), text(push.data.get(1)));
+            self.dispatch(&hub, &channel, &payload);
+        }
+        Ok(())
+    }
+
+    fn dispatch(&self, hub: &Arc<Hub>, channel: &str, payload: &str) {
+        let Ok(v) = serde_json::from_str::<Value>(payload) else {
+            return;
+        };
+        if channel == "mp:broadcast" {
+            let hub = hub.clone();
+            tokio::spawn(async move { hub.broadcast_from_cluster(&v).await });
+        } else {
+            hub.kick_from_cluster(&v);
+        }
     }
 }
 

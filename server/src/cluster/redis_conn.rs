@@ -1,24 +1,66 @@
-//! "The" Redis of a cluster: a plain URL (`redis://host:port/db`), or a master
+//! "The" Redis of a cluster: a plain URL (`redis://host:port/db`), a master
 //! found through Sentinel (`redis+sentinel://s1:26379,s2:26379/<master>`) and
-//! followed across failovers. Commands go through a `ConnectionManager`
-//! (reconnects by itself); with Sentinel, a watcher asks the sentinels for the
-//! master every second and swaps the connection when it moves.
+//! followed across failovers, or a Redis Cluster (`redis+cluster://n1:6379,n2:6379/`).
+//! Commands go through a `ConnectionManager` or a cluster connection (both
+//! reconnect by themselves); with Sentinel, a watcher asks the sentinels for
+//! the master every second and swaps the connection when it moves.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+
+/// A connection to a single server (or Sentinel's master) or to a Redis Cluster.
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
 use tracing::{info, warn};
 
 #[derive(Clone)]
 pub struct RedisHandle(Arc<Inner>);
 
 struct Inner {
-    manager: RwLock<ConnectionManager>,
+    manager: RwLock<RedisConn>,
     client: RwLock<redis::Client>,
     config: ConnectionManagerConfig,
     sentinel: Option<Sentinel>,
+    /// The nodes of a Redis Cluster (then pub/sub is sharded).
+    cluster_nodes: Option<Vec<String>>,
     master: Mutex<String>,
     timeout: Duration,
 }
@@ -42,9 +84,25 @@ fn parse_sentinel(url: &str) -> Option<Sentinel> {
     (!hosts.is_empty() && !master_name.is_empty()).then_some(Sentinel { hosts, master_name })
 }
 
+/// Parses `redis+cluster://n1:p1,n2:p2/` into node URLs.
+fn parse_cluster(url: &str) -> Option<Vec<String>> {
+    let rest = url.strip_prefix("redis+cluster://")?;
+    let hosts: Vec<String> = rest
+        .trim_end_matches('/')
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{h}/"))
+        .collect();
+    (!hosts.is_empty()).then_some(hosts)
+}
+
 /// True for the URL forms `connect` accepts.
 pub fn valid_url(url: &str) -> bool {
-    url.starts_with("redis://") || url.starts_with("rediss://") || parse_sentinel(url).is_some()
+    url.starts_with("redis://")
+        || url.starts_with("rediss://")
+        || parse_sentinel(url).is_some()
+        || parse_cluster(url).is_some()
 }
 
 impl RedisHandle {
@@ -54,6 +112,27 @@ impl RedisHandle {
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2));
+        if let Some(nodes) = parse_cluster(url) {
+            let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()?;
+            let conn = tokio::time::timeout(timeout * 3, client.get_async_connection())
+                .await
+                .map_err(|_| anyhow::anyhow!("redis cluster at {url} did not answer"))??;
+            // Pub/sub messages are broadcast to every node of a Redis Cluster,
+            // so one node's plain client carries them.
+            let pubsub = redis::Client::open(nodes[0].as_str())?;
+            return Ok(Self(Arc::new(Inner {
+                manager: RwLock::new(RedisConn::Cluster(conn)),
+                client: RwLock::new(pubsub),
+                config,
+                sentinel: None,
+                cluster_nodes: Some(nodes),
+                master: Mutex::new(url.to_owned()),
+                timeout,
+            })));
+        }
         let sentinel = parse_sentinel(url);
         let target = match &sentinel {
             Some(s) => resolve_master(s, timeout).await.ok_or_else(|| {
@@ -69,18 +148,28 @@ impl RedisHandle {
         .await
         .map_err(|_| anyhow::anyhow!("redis at {target} did not answer"))??;
         Ok(Self(Arc::new(Inner {
-            manager: RwLock::new(manager),
+            manager: RwLock::new(RedisConn::Single(manager)),
             client: RwLock::new(client),
             config,
             sentinel,
+            cluster_nodes: None,
             master: Mutex::new(target),
             timeout,
         })))
     }
 
     /// A connection for one or more commands (cheap: a clone of the manager).
-    pub fn conn(&self) -> ConnectionManager {
+    pub fn conn(&self) -> RedisConn {
         self.0.manager.read().clone()
+    }
+
+    /// The nodes of a Redis Cluster, if that is what this is.
+    pub fn cluster_nodes(&self) -> Option<Vec<String>> {
+        self.0.cluster_nodes.clone()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.0.timeout
     }
 
     /// The client of the current master (for pub/sub).
@@ -116,7 +205,7 @@ impl RedisHandle {
                 {
                     Ok(Ok(m)) => {
                         info!(%master, "redis master moved (sentinel); following it");
-                        *inner.manager.write() = m;
+                        *inner.manager.write() = RedisConn::Single(m);
                         *inner.client.write() = client;
                         *inner.master.lock() = master;
                     }
@@ -167,6 +256,10 @@ mod tests {
             valid_url("redis://x:1/")
                 && valid_url("redis+sentinel://a:1/m")
                 && !valid_url("http://x")
+        );
+        assert_eq!(
+            parse_cluster("redis+cluster://a:1,b:2/"),
+            Some(vec!["redis://a:1/".to_owned(), "redis://b:2/".to_owned()])
         );
     }
 }
