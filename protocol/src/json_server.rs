@@ -10,7 +10,6 @@ use std::sync::Arc;
 use web_time::Instant;
 
 use crate::ProtocolError;
-use crate::ack::Expiry;
 use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
 use crate::pending::PendingPushes;
@@ -133,21 +132,8 @@ impl JsonServerConnection {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        for (id, expiry, resend) in self.pending.expire(now) {
-            match (expiry, resend) {
-                (Expiry::Retry { attempt }, Some((_, text))) => {
-                    self.out.push_back(text);
-                    self.events.push_back(ServerEvent::PushRetried {
-                        message_id: id,
-                        attempt,
-                    });
-                }
-                (Expiry::Retry { .. }, None) => {}
-                (Expiry::GaveUp, _) => {
-                    self.events
-                        .push_back(ServerEvent::PushTimedOut { message_id: id });
-                }
-            }
+        for (_, text) in self.pending.expire(now, &mut self.events) {
+            self.out.push_back(text);
         }
     }
 

@@ -2,17 +2,13 @@
 //! to resend, and the packet id → message id map that legacy ACKs need. Shared
 //! by the binary and the JSON server machines.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use web_time::Instant;
 
 use crate::ack::{AckTracker, Expiry, RetryPolicy};
-use crate::server::PushError;
-
-/// A deadline that passed: the message, what to do, and for a retry the
-/// packet id and what to resend.
-pub(crate) type Expired<P> = (u64, Expiry, Option<(i32, P)>);
+use crate::server::{PushError, ServerEvent};
 
 /// The pushes of one connection that wait for an ACK; `P` is what a retry resends.
 #[derive(Debug)]
@@ -79,19 +75,29 @@ impl<P: Clone> PendingPushes<P> {
         true
     }
 
-    /// Deadlines that passed: a retry comes with the packet id and what to resend.
-    pub fn expire(&mut self, now: Instant) -> Vec<Expired<P>> {
-        let mut out = Vec::new();
+    /// Handles the deadlines that passed: reports `PushRetried` and
+    /// `PushTimedOut` in `events`, and returns (packet id, payload) of every
+    /// push the caller must send again.
+    pub fn expire(&mut self, now: Instant, events: &mut VecDeque<ServerEvent>) -> Vec<(i32, P)> {
+        let mut resend = Vec::new();
         for (id, expiry) in self.acks.expire(now) {
             match expiry {
-                Expiry::Retry { .. } => out.push((id, expiry, self.sent.get(&id).cloned())),
+                Expiry::Retry { attempt } => {
+                    if let Some(p) = self.sent.get(&id) {
+                        resend.push(p.clone());
+                        events.push_back(ServerEvent::PushRetried {
+                            message_id: id,
+                            attempt,
+                        });
+                    }
+                }
                 Expiry::GaveUp => {
                     self.forget(id);
-                    out.push((id, expiry, None));
+                    events.push_back(ServerEvent::PushTimedOut { message_id: id });
                 }
             }
         }
-        out
+        resend
     }
 
     /// Every pending message id, in order; nothing is pending afterwards.

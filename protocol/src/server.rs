@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use rand_core::SeedableRng;
 use web_time::Instant;
 
-use crate::ack::{Expiry, RetryPolicy};
+use crate::ack::RetryPolicy;
 use crate::crypto::{
     self, AesKey, Rng, RsaPrivate, SessionCipher, connection_key, legacy_session_key, random_array,
     resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
@@ -321,21 +321,8 @@ impl ServerConnection {
             }
             self.next_check = now + self.heartbeat;
         }
-        for (id, expiry, resend) in self.pending.expire(now) {
-            match (expiry, resend) {
-                (Expiry::Retry { attempt }, Some((packet_id, (flags, body)))) => {
-                    self.send_sealed(Command::PUSH, packet_id, flags, &body);
-                    self.events.push_back(ServerEvent::PushRetried {
-                        message_id: id,
-                        attempt,
-                    });
-                }
-                (Expiry::Retry { .. }, None) => {}
-                (Expiry::GaveUp, _) => {
-                    self.events
-                        .push_back(ServerEvent::PushTimedOut { message_id: id });
-                }
-            }
+        for (packet_id, (flags, body)) in self.pending.expire(now, &mut self.events) {
+            self.send_sealed(Command::PUSH, packet_id, flags, &body);
         }
     }
 
