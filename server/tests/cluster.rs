@@ -47,16 +47,8 @@ impl Redis {
             .spawn()
             .expect("redis-server runs (the test command installs it)");
         let r = Self { child, port };
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return r;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("redis-server did not start");
+        wait_listening(("127.0.0.1", port)).await;
+        r
     }
 
     fn url(&self) -> String {
@@ -84,6 +76,35 @@ impl Drop for Redis {
     }
 }
 
+/// Waits until `addr` accepts connections.
+async fn wait_listening(addr: impl tokio::net::ToSocketAddrs + Clone) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr.clone()).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing listens");
+}
+
+/// Waits until the allocator route lists `n` live nodes.
+async fn wait_for_nodes(api: &Api, n: usize) {
+    for _ in 0..100 {
+        if api
+            .text(reqwest::Method::GET, "/", None)
+            .await
+            .1
+            .split(',')
+            .count()
+            == n
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the cluster never listed {n} nodes");
+}
+
 fn node_settings(redis: &str, id: &str) -> Settings {
     let mut s = settings();
     s.cluster.redis = redis.into();
@@ -103,15 +124,8 @@ async fn nodes(redis: &Redis) -> Vec<Running> {
         out.push(start(node_settings(&redis.url(), id)).await);
     }
     // Wait until every node is registered.
-    let api = Api::new(&out[0]);
-    for _ in 0..100 {
-        let (_, list) = api.text(reqwest::Method::GET, "/", None).await;
-        if list.split(',').count() == 3 {
-            return out;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nodes never all registered");
+    wait_for_nodes(&Api::new(&out[0]), 3).await;
+    out
 }
 
 async fn on(server: &Running, user: &str, device: &str, os: &str, tags: &str) -> TestClient {
@@ -332,12 +346,7 @@ async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
     let a = start(node_settings(&redis.url(), "A")).await;
     let api = Api::new(&a);
     let mut victim = spawn_node(&redis.url(), "K");
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(&victim.tcp).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_listening(&victim.tcp).await;
     // Two SDK clients whose server list starts with K, then A.
     let mut clients = Vec::new();
     for user in ["kim", "kat"] {
@@ -434,19 +443,7 @@ async fn a_draining_node_leaves_first_and_sends_v2_clients_to_another_node() {
     sb.shutdown.redirect_jitter_ms = 200;
     let b = start(sb).await;
     let (api_a, api_b) = (Api::new(&a), Api::new(&b));
-    for _ in 0..100 {
-        if api_a
-            .text(reqwest::Method::GET, "/", None)
-            .await
-            .1
-            .split(',')
-            .count()
-            == 2
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_nodes(&api_a, 2).await;
     // The client only knows node B.
     let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
     let cfg = SessionConfig::new(
@@ -530,15 +527,7 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
         child: sentinel_child,
         port: p_sentinel,
     };
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", p_sentinel))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_listening(("127.0.0.1", p_sentinel)).await;
     // The replica must be in sync before a failover can pick it.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -656,15 +645,7 @@ async fn nodes_share_a_redis_cluster() {
         shards.push(Redis { child, port: p });
     }
     for p in ports {
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", p))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_listening(("127.0.0.1", p)).await;
     }
     let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let out = Command::new("redis-cli")
@@ -695,19 +676,7 @@ async fn nodes_share_a_redis_cluster() {
     let a = start(node_settings(&url, "A")).await;
     let b = start(node_settings(&url, "B")).await;
     let api = Api::new(&a);
-    for _ in 0..100 {
-        if api
-            .text(reqwest::Method::GET, "/", None)
-            .await
-            .1
-            .split(',')
-            .count()
-            == 2
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_nodes(&api, 2).await;
     let (_, list) = api.text(reqwest::Method::GET, "/", None).await;
     assert_eq!(list.split(',').count(), 2, "{list}");
     // Users spread over slots of every shard.
