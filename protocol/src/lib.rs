@@ -7,6 +7,8 @@
 //!
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod crypto;
 pub mod error;
 pub mod json_server;
