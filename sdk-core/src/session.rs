@@ -13,9 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use mpush_protocol::Command;
 use mpush_protocol::Instant;
 use mpush_protocol::backoff::{Backoff, BackoffConfig};
-use mpush_protocol::client::{AckToken, ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::client::{
+    AckToken, ClientCloseReason, ClientConfig, ClientConnection, ClientEvent,
+};
 use mpush_protocol::crypto::{Rng, RsaPublic, random_array};
 use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::session::{AckMode, DeviceInfo, Profile, ResumeTicket};
@@ -672,6 +675,21 @@ impl Session {
             }
             ClientEvent::HttpResponse { .. } | ClientEvent::HttpTimedOut { .. } => {}
             ClientEvent::Closed { reason, reconnect } => {
+                // A refused bind: report it and stop re-binding that user on
+                // every reconnect (the server would refuse it again).
+                if let ClientCloseReason::ServerError {
+                    cmd: Command::BIND,
+                    reason: why,
+                    ..
+                } = &reason
+                    && let Some((user_id, ..)) = self.user.take()
+                {
+                    self.events.push_back(SessionEvent::BindResult {
+                        user_id,
+                        ok: false,
+                        reason: why.clone(),
+                    });
+                }
                 self.actions.push_back(Action::Close);
                 self.drop_connection();
                 if reconnect {

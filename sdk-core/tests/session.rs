@@ -128,7 +128,14 @@ impl Net {
             }
             ServerEvent::BindRequested {
                 request, user_id, ..
-            } => s.handle_bind_result(*request, user_id, Ok(())),
+            } => {
+                let result = if user_id.starts_with("refused") {
+                    Err("user not allowed".to_owned())
+                } else {
+                    Ok(())
+                };
+                s.handle_bind_result(*request, user_id, result);
+            }
             _ => {}
         }
     }
@@ -426,4 +433,37 @@ fn close_stops_for_good() {
     assert_eq!(n.connected().len(), 1, "no reconnect after close");
     let now = n.now;
     assert!(n.session.push(b"x", AckMode::None, now).is_err());
+}
+
+#[test]
+fn a_refused_bind_is_reported_once_and_not_retried_on_every_reconnect() {
+    let mut n = Net::new(&["a"], true);
+    let now = n.now;
+    n.session.bind("refused-1", "", "", now).expect("bind");
+    n.pump();
+    let refused = n.count(|e| {
+        matches!(e, SessionEvent::BindResult { user_id, ok: false, reason } if user_id == "refused-1" && !reason.is_empty())
+    });
+    assert_eq!(refused, 1, "{:?}", n.events);
+    // The session reconnects (the server closed on the error) without re-binding.
+    n.advance(Duration::from_secs(5));
+    assert!(n.session.is_connected());
+    let asked = n
+        .server_events
+        .iter()
+        .filter(
+            |e| matches!(e, ServerEvent::BindRequested { user_id, .. } if user_id == "refused-1"),
+        )
+        .count();
+    assert_eq!(asked, 1, "the refused user is not bound again");
+    // Another user binds fine on the same session.
+    let now = n.now;
+    n.session.bind("u2", "", "", now).expect("bind");
+    n.pump();
+    assert_eq!(
+        n.count(
+            |e| matches!(e, SessionEvent::BindResult { user_id, ok: true, .. } if user_id == "u2")
+        ),
+        1
+    );
 }
