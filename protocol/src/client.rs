@@ -542,8 +542,8 @@ impl ClientConnection {
         };
         let mut body = hs.to_bytes();
         let mut flags = Flags::CRYPTO;
-        if body.len() > self.config.compress_over {
-            body = crypto::compress(&body);
+        if let Some(c) = crypto::compress_over(&body, self.config.compress_over) {
+            body = c;
             flags = flags.with(Flags::COMPRESS);
         }
         let id = self.next_id();

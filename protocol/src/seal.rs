@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::crypto::{Rng, SessionCipher, compress, decompress};
+use crate::crypto::{Rng, SessionCipher, compress_over, decompress};
 use crate::error::ProtocolError;
 use crate::packet::{Command, Flags, Packet};
 
@@ -61,14 +61,11 @@ impl Sealer {
         body: &[u8],
     ) -> Packet {
         let mut flags = flags;
-        let compressed;
+        let compressed = compress_over(body, self.compress_over);
         let mut data: &[u8] = body;
-        if body.len() > self.compress_over {
-            compressed = compress(body);
-            if !compressed.is_empty() {
-                data = &compressed;
-                flags = flags.with(Flags::COMPRESS);
-            }
+        if let Some(c) = &compressed {
+            data = c;
+            flags = flags.with(Flags::COMPRESS);
         }
         match &self.cipher {
             Some(c) => {

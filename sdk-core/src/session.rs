@@ -651,6 +651,14 @@ impl Session {
                 }
             }
             ClientEvent::Kicked { device_id, user_id } => {
+                // Kicked out ourselves (as mpush's JS client reads it: user and
+                // device both ours): forget the user, so that reconnecting does
+                // not undo the kick by binding again. The app may bind anew.
+                let ours = device_id == self.config.device.device_id
+                    && self.user.as_ref().is_some_and(|(u, ..)| *u == user_id);
+                if ours {
+                    self.user = None;
+                }
                 self.events
                     .push_back(SessionEvent::Kicked { device_id, user_id });
             }

@@ -467,3 +467,28 @@ fn a_refused_bind_is_reported_once_and_not_retried_on_every_reconnect() {
         1
     );
 }
+
+#[test]
+fn a_kick_of_this_device_is_not_undone_by_the_next_reconnect() {
+    let mut n = Net::new(&["a"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    let me = test_device().device_id;
+    n.server.as_mut().expect("conn").1.kick(&me, "u1");
+    n.pump();
+    assert_eq!(
+        n.count(|e| matches!(e, SessionEvent::Kicked { user_id, .. } if user_id == "u1")),
+        1
+    );
+    // The server closes after an API kick; the session reconnects but does not re-bind.
+    n.cut();
+    n.advance(Duration::from_secs(5));
+    assert!(n.session.is_connected());
+    let binds = n
+        .server_events
+        .iter()
+        .filter(|e| matches!(e, ServerEvent::BindRequested { .. }))
+        .count();
+    assert_eq!(binds, 1, "bound once, before the kick");
+}

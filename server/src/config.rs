@@ -33,6 +33,12 @@ pub struct Net {
     pub http: String,
     /// `host:port` the allocator (`GET /`) hands to clients; default: the TCP address.
     pub public_address: String,
+    /// `ws://` or `wss://` URL the allocator hands to browsers (`GET /?transport=ws`);
+    /// default: the WebSocket port on the host the browser asked for.
+    pub public_ws_url: String,
+    /// A folder served read-only at `/demo/` (the demo page, `demo-web/`),
+    /// when it exists; empty disables it.
+    pub demo_dir: String,
 }
 
 impl Default for Net {
@@ -42,6 +48,8 @@ impl Default for Net {
             ws: "0.0.0.0:8088".into(),
             http: "0.0.0.0:9999".into(),
             public_address: String::new(),
+            public_ws_url: String::new(),
+            demo_dir: "demo-web".into(),
         }
     }
 }
@@ -57,6 +65,9 @@ pub struct Security {
     pub api_tokens: Vec<String>,
     /// HMAC secret for bind tokens. Empty: BIND is not authenticated (mpush's behaviour).
     pub bind_secret: String,
+    /// Origins whose pages may call the HTTP API from a browser (CORS), e.g.
+    /// `https://admin.example.com`; `*` allows any. Empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -245,6 +256,21 @@ impl Settings {
         };
         let tcp = addr("net.tcp", &self.net.tcp)?;
         let http = addr("net.http", &self.net.http)?;
+        let u = &self.net.public_ws_url;
+        if !(u.is_empty() || u.starts_with("ws://") || u.starts_with("wss://")) {
+            return Err(invalid(
+                "net.public_ws_url",
+                "must be a ws:// or wss:// URL",
+            ));
+        }
+        for o in &self.security.cors_origins {
+            if o != "*" && o.parse::<axum::http::HeaderValue>().is_err() {
+                return Err(invalid(
+                    "security.cors_origins",
+                    format!("`{o}` is not an origin"),
+                ));
+            }
+        }
         let ws = if self.net.ws.is_empty() {
             None
         } else {

@@ -84,6 +84,9 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
     let http_addr = http.local_addr()?;
     let ws_addr = ws.as_ref().map(TcpListener::local_addr).transpose()?;
     let _ = hub.tcp_addr.set(tcp_addr);
+    if let Some(a) = ws_addr {
+        let _ = hub.ws_addr.set(a);
+    }
     let mut tasks = Vec::new();
     if let Some(cl) = hub.cluster.get() {
         let addr = &cfg.settings.cluster.internal;

@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = settings.validate()?;
     let default_key = cfg.default_key;
     let open_api = cfg.settings.security.api_tokens.is_empty();
+    let demo = mpush_server::api::demo_dir(&cfg.settings.net.demo_dir).is_some();
     let running = mpush_server::start(cfg)
         .await
         .context("starting the server")?;
@@ -77,6 +78,12 @@ async fn main() -> anyhow::Result<()> {
         "  HTTP API           http://{}/  (OpenAPI: /openapi.json, metrics: /metrics)",
         running.http
     );
+    if demo {
+        println!(
+            "  Demo page          http://{}/demo/",
+            loopback(running.http)
+        );
+    }
     println!("Push a first message:");
     println!(
         "  curl -s http://{}/api/v1/push -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",

@@ -10,7 +10,9 @@ mod kdf;
 mod rsa;
 mod session;
 
-pub use compress::{compress, decompress};
+#[cfg(feature = "deflate")]
+pub use compress::compress;
+pub use compress::{compress_over, decompress};
 pub use kdf::{
     RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, resume_accept_proof,
     resume_proof, v2_session_keys, verify_mac,

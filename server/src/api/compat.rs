@@ -145,17 +145,39 @@ pub async fn exec(
     }
 }
 
-/// alloc's `GET /`: `host:port,...` of the connect servers, least loaded first.
-pub async fn alloc_servers(State(s): State<ApiState>) -> impl IntoResponse {
+/// alloc's `GET /`: `host:port,...` of the connect servers, least loaded
+/// first. With `?transport=ws`: the WebSocket gateways' `ws://` URLs, for
+/// browsers (any origin may ask: the list is public).
+pub async fn alloc_servers(
+    State(s): State<ApiState>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = match q.get("transport").map(String::as_str) {
+        None | Some("tcp") => false,
+        Some("ws") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown transport `{other}`: tcp or ws"
+            )));
+        }
+    };
+    let cors = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];
     if let Some(cl) = s.hub.cluster.get() {
         let nodes = cl.live_nodes().await;
         if !nodes.is_empty() {
-            let list: Vec<String> = nodes.into_iter().map(|n| n.tcp).collect();
-            return (StatusCode::OK, list.join(","));
+            let list: Vec<String> = nodes
+                .into_iter()
+                .map(|n| if ws { n.ws } else { n.tcp })
+                .filter(|a| !a.is_empty())
+                .collect();
+            return Ok((StatusCode::OK, cors, list.join(",")));
         }
     }
     let net = &s.hub.cfg.settings.net;
-    let addr = if net.public_address.is_empty() {
+    let addr = if ws {
+        ws_url(&s, &headers).unwrap_or_default()
+    } else if net.public_address.is_empty() {
         s.hub
             .tcp_addr
             .get()
@@ -165,7 +187,28 @@ pub async fn alloc_servers(State(s): State<ApiState>) -> impl IntoResponse {
     } else {
         net.public_address.clone()
     };
-    (StatusCode::OK, addr)
+    Ok((StatusCode::OK, cors, addr))
+}
+
+/// This node's WebSocket URL as a browser that reached us through `Host`
+/// can use it: the configured public URL, else the gateway's port on the
+/// bound address (or on the asked host when bound to all interfaces).
+fn ws_url(s: &ApiState, headers: &HeaderMap) -> Option<String> {
+    let net = &s.hub.cfg.settings.net;
+    if !net.public_ws_url.is_empty() {
+        return Some(net.public_ws_url.clone());
+    }
+    let bound = s.hub.ws_addr.get().copied().or(s.hub.cfg.ws)?;
+    if !bound.ip().is_unspecified() {
+        return Some(format!("ws://{bound}/"));
+    }
+    let asked = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+        .map(|a| a.host().to_owned())
+        .unwrap_or_else(|| "127.0.0.1".to_owned());
+    Some(format!("ws://{asked}:{}/", bound.port()))
 }
 
 static ALLOC_MSG: AtomicU64 = AtomicU64::new(1);

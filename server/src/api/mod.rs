@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{ConnectInfo, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine as _;
@@ -21,6 +21,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use mpush_protocol::session::AckMode;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::services::ServeDir;
 
 pub use error::ApiError;
 
@@ -50,14 +52,50 @@ pub fn router(state: ApiState) -> Router {
         .route("/exec", get(compat::exec).post(compat::exec))
         .route("/push", post(compat::alloc_push))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let protected = match cors(&state.hub.cfg.settings.security.cors_origins) {
+        Some(layer) => protected.layer(layer),
+        None => protected,
+    };
+    let mut app = Router::new()
         .route("/", get(compat::alloc_servers))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
-        .merge(protected)
-        .fallback(|| async { ApiError::not_found("no such route") })
+        .merge(protected);
+    if let Some(dir) = demo_dir(&state.hub.cfg.settings.net.demo_dir) {
+        tracing::info!(dir = %dir.display(), "serving the demo page at /demo/");
+        app = app
+            .route("/demo", get(|| async { Redirect::permanent("/demo/") }))
+            .nest_service("/demo/", ServeDir::new(dir));
+    }
+    app.fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
+}
+
+/// The CORS layer for the configured origins (`*`: any), if any.
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        // Validated at start-up.
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+            .max_age(std::time::Duration::from_secs(600)),
+    )
+}
+
+/// The demo folder, when configured and present (it holds `index.html`).
+pub fn demo_dir(dir: &str) -> Option<std::path::PathBuf> {
+    let p = std::path::PathBuf::from(dir);
+    (!dir.is_empty() && p.join("index.html").is_file()).then_some(p)
 }
 
 /// Bearer tokens from the config; with none configured, loopback clients only.

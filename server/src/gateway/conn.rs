@@ -394,8 +394,26 @@ impl<T: Transport> Driver<T> {
             }
             ServerEvent::HttpProxy { .. } => {}
             ServerEvent::Acked { message_id } => self.acked(message_id).await,
-            ServerEvent::PushRetried { .. } => {
+            ServerEvent::PushRetried {
+                message_id,
+                attempt,
+            } => {
                 metrics::counter!("mpush_push_retries_total").increment(1);
+                // Each resend shows in the trace's history (the state stays DISPATCHED).
+                if let Some(s) = self.sent.get(&message_id) {
+                    let trace_id = s.trace_id.clone();
+                    let (user, device, ct) = self.who();
+                    self.hub
+                        .trace(
+                            &trace_id,
+                            &user,
+                            &device,
+                            ct,
+                            TraceState::Dispatched,
+                            Some(format!("resent (retry {attempt})")),
+                        )
+                        .await;
+                }
             }
             ServerEvent::PushTimedOut { message_id } => {
                 if let Some(s) = self.sent.remove(&message_id) {

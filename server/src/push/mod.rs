@@ -69,6 +69,8 @@ pub struct Hub {
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// The TCP gateway's bound address (known once listening).
     pub tcp_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The WebSocket gateway's bound address, once listening.
+    pub ws_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Cluster mode (Redis); unset for the embedded default.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// Where v2 clients are sent on shutdown (chosen when it starts).
@@ -149,6 +151,7 @@ impl Hub {
             draining: AtomicBool::new(false),
             shutdown: tokio::sync::watch::channel(false).0,
             tcp_addr: std::sync::OnceLock::new(),
+            ws_addr: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
             redirect_to: std::sync::OnceLock::new(),
             cfg,

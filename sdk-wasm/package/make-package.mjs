@@ -1,0 +1,39 @@
+// Writes package.json and README.md into the wasm-bindgen output folder.
+// Usage: node make-package.mjs <pkg dir>
+import { readFileSync, writeFileSync, copyFileSync, existsSync } from "node:fs";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const pkg = process.argv[2];
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, "..", "..");
+const cargo = readFileSync(join(root, "Cargo.toml"), "utf8");
+const version = /\[workspace\.package\][^[]*?version\s*=\s*"([^"]+)"/s.exec(cargo)?.[1];
+if (!version) throw new Error("no workspace version in Cargo.toml");
+
+const files = ["mpush_sdk.js", "mpush_sdk.d.ts", "mpush_sdk_bg.wasm", "mpush_sdk_bg.wasm.d.ts"];
+for (const f of files) {
+  if (!existsSync(join(pkg, f))) throw new Error(`wasm-bindgen output is missing ${f}`);
+}
+const manifest = {
+  name: "mpush-sdk",
+  version,
+  description:
+    "Browser SDK for mpush push servers: a WebSocket client with reconnect, fast connect, dedup, ACKs and an offline queue, in Rust compiled to WebAssembly.",
+  license: "Apache-2.0",
+  type: "module",
+  main: "./mpush_sdk.js",
+  module: "./mpush_sdk.js",
+  types: "./mpush_sdk.d.ts",
+  exports: {
+    ".": { types: "./mpush_sdk.d.ts", default: "./mpush_sdk.js" },
+    "./mpush_sdk_bg.wasm": "./mpush_sdk_bg.wasm",
+    "./package.json": "./package.json",
+  },
+  files: [...files, "snippets/", "README.md"],
+  sideEffects: ["./snippets/*"],
+  keywords: ["mpush", "push", "websocket", "wasm", "notifications"],
+};
+writeFileSync(join(pkg, "package.json"), JSON.stringify(manifest, null, 2) + "\n");
+copyFileSync(join(root, "sdk-wasm", "README.md"), join(pkg, "README.md"));
+console.log(`wrote ${join(pkg, "package.json")} (mpush-sdk ${version})`);

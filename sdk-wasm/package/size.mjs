@@ -1,0 +1,28 @@
+// Prints the gzipped size of the package's wasm and JS (what a page downloads).
+// Usage: node size.mjs <pkg dir> [--json]
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { join } from "node:path";
+import { gzipSync } from "node:zlib";
+
+const pkg = process.argv[2];
+const walk = (d) =>
+  readdirSync(d).flatMap((f) => {
+    const p = join(d, f);
+    return statSync(p).isDirectory() ? walk(p) : [p];
+  });
+const shipped = walk(pkg).filter((f) => /\.(wasm|js)$/.test(f));
+let raw = 0;
+let gz = 0;
+const rows = shipped.map((f) => {
+  const b = readFileSync(f);
+  const z = gzipSync(b, { level: 9 }).length;
+  raw += b.length;
+  gz += z;
+  return { file: f.slice(pkg.length + 1), raw: b.length, gzip: z };
+});
+if (process.argv.includes("--json")) {
+  console.log(JSON.stringify({ files: rows, raw, gzip: gz }));
+} else {
+  for (const r of rows) console.log(`${r.file.padEnd(36)} ${String(r.raw).padStart(8)} B  ${String(r.gzip).padStart(7)} B gzipped`);
+  console.log(`${"total (wasm + JS)".padEnd(36)} ${String(raw).padStart(8)} B  ${String(gz).padStart(7)} B gzipped (${(gz / 1024).toFixed(1)} KiB)`);
+}

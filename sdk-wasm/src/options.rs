@@ -1,0 +1,230 @@
+//! `PushClientOptions` (a plain JS object) read and checked once, in the
+//! constructor: a wrong field is an `invalid_options` error that names it.
+
+use std::time::Duration;
+
+use js_sys::{Array, Function, Reflect};
+use mpush_protocol::backoff::BackoffConfig;
+use wasm_bindgen::prelude::*;
+
+use crate::js;
+
+/// Where the ticket and the device id persist.
+#[derive(Clone)]
+pub enum Storage {
+    /// In memory only.
+    Memory,
+    /// An object with `getItem`, `setItem`, `removeItem` (`localStorage` by default).
+    Js(JsValue),
+}
+
+impl Storage {
+    pub fn load(&self, key: &str) -> Result<Option<String>, String> {
+        let Self::Js(o) = self else { return Ok(None) };
+        let v = call(o, "getItem", &[key.into()])?;
+        Ok(v.as_string().filter(|s| !s.is_empty()))
+    }
+
+    /// Saves `value`; empty removes the key.
+    pub fn save(&self, key: &str, value: &str) -> Result<(), String> {
+        let Self::Js(o) = self else { return Ok(()) };
+        if value.is_empty() {
+            call(o, "removeItem", &[key.into()])
+        } else {
+            call(o, "setItem", &[key.into(), value.into()])
+        }
+        .map(|_| ())
+    }
+}
+
+fn call(o: &JsValue, method: &str, args: &[JsValue]) -> Result<JsValue, String> {
+    let f: Function = Reflect::get(o, &method.into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or_else(|| format!("storage.{method} is not a function"))?;
+    let r = match args {
+        [a] => f.call1(o, a),
+        [a, b] => f.call2(o, a, b),
+        _ => f.call0(o),
+    };
+    r.map_err(|e| format!("storage.{method}: {}", js::describe(&e)))
+}
+
+pub struct Options {
+    pub servers: Vec<String>,
+    pub allocator_url: Option<String>,
+    pub public_key: Option<String>,
+    pub device_id: Option<String>,
+    pub os_name: String,
+    pub os_version: String,
+    pub client_version: String,
+    pub v2: bool,
+    pub heartbeat: Duration,
+    pub connect_timeout: Duration,
+    pub backoff: BackoffConfig,
+    pub dedup_capacity: usize,
+    pub outbound_capacity: usize,
+    pub storage: Storage,
+    pub storage_key: String,
+    pub on_message: Option<Function>,
+    pub on_state_change: Option<Function>,
+    pub on_kicked: Option<Function>,
+    pub on_error: Option<Function>,
+}
+
+type Invalid = String;
+
+fn string(o: &JsValue, key: &str) -> Result<Option<String>, Invalid> {
+    match js::get(o, key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_string()
+            .map(Some)
+            .ok_or_else(|| format!("options.{key} must be a string")),
+    }
+}
+
+fn boolean(o: &JsValue, key: &str, default: bool) -> Result<bool, Invalid> {
+    match js::get(o, key) {
+        None => Ok(default),
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| format!("options.{key} must be a boolean")),
+    }
+}
+
+fn number(o: &JsValue, key: &str, min: f64, max: f64) -> Result<Option<f64>, Invalid> {
+    let Some(v) = js::get(o, key.rsplit('.').next().unwrap_or(key)) else {
+        return Ok(None);
+    };
+    match v.as_f64() {
+        Some(n) if n.is_finite() && (min..=max).contains(&n) => Ok(Some(n)),
+        // Integers in the message: formatting an f64 would link Rust's float printer.
+        _ => Err(format!(
+            "options.{key} must be a number from {} to {}",
+            min as i64, max as i64
+        )),
+    }
+}
+
+fn millis(o: &JsValue, key: &str, default: u64, min: f64) -> Result<Duration, Invalid> {
+    Ok(
+        number(o, key, min, 86_400_000.0)?.map_or(Duration::from_millis(default), |n| {
+            Duration::from_millis(n as u64)
+        }),
+    )
+}
+
+fn callback(o: &JsValue, key: &str) -> Result<Option<Function>, Invalid> {
+    match js::get(o, key) {
+        None => Ok(None),
+        Some(v) => v
+            .dyn_into::<Function>()
+            .map(Some)
+            .map_err(|_| format!("options.{key} must be a function")),
+    }
+}
+
+fn default_storage() -> Storage {
+    // Reading `localStorage` throws in sandboxed frames and with storage
+    // disabled: fall back to memory then.
+    match Reflect::get(&js_sys::global(), &"localStorage".into()) {
+        Ok(v) if v.is_object() => Storage::Js(v),
+        _ => Storage::Memory,
+    }
+}
+
+fn user_agent() -> String {
+    let nav = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or(JsValue::UNDEFINED);
+    let ua = js::get(&nav, "userAgent")
+        .and_then(|v| v.as_string())
+        .unwrap_or_default();
+    ua.chars().take(64).collect()
+}
+
+impl Options {
+    pub fn parse(o: &JsValue) -> Result<Self, Invalid> {
+        if !o.is_undefined() && !o.is_object() {
+            return Err("options must be an object".into());
+        }
+        let servers = match js::get(o, "servers") {
+            None => Vec::new(),
+            Some(v) if v.is_string() => v.as_string().into_iter().collect(),
+            Some(v) if Array::is_array(&v) => Array::from(&v)
+                .iter()
+                .map(|s| {
+                    s.as_string()
+                        .ok_or_else(|| "options.servers must hold strings".to_owned())
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("options.servers must be a URL or an array of URLs".into()),
+        };
+        for s in &servers {
+            if !(s.starts_with("ws://") || s.starts_with("wss://")) {
+                return Err(format!(
+                    "options.servers: {s:?} is not a ws:// or wss:// URL (browsers reach the WebSocket gateway)"
+                ));
+            }
+        }
+        let allocator_url = string(o, "allocatorUrl")?;
+        if servers.is_empty() && allocator_url.is_none() {
+            return Err("options.servers or options.allocatorUrl is required".into());
+        }
+        let storage = match Reflect::get(o, &"storage".into()) {
+            Ok(v) if v.is_undefined() => default_storage(),
+            Ok(v) if v.is_null() => Storage::Memory,
+            Ok(v) if v.is_object() => {
+                for m in ["getItem", "setItem", "removeItem"] {
+                    if !js::get(&v, m).is_some_and(|f| f.is_function()) {
+                        return Err(format!("options.storage.{m} must be a function"));
+                    }
+                }
+                Storage::Js(v)
+            }
+            _ => return Err("options.storage must be a Storage-like object or null".into()),
+        };
+        let mut backoff = BackoffConfig::default();
+        if let Some(b) = js::get(o, "backoff") {
+            if let Some(n) = number(&b, "backoff.initialMs", 1.0, 3_600_000.0)? {
+                backoff.initial = Duration::from_millis(n as u64);
+            }
+            if let Some(n) = number(&b, "backoff.maxMs", 1.0, 86_400_000.0)? {
+                backoff.max = Duration::from_millis(n as u64);
+            }
+            if let Some(n) = number(&b, "backoff.multiplier", 1.0, 100.0)? {
+                backoff.multiplier = n;
+            }
+            if let Some(n) = number(&b, "backoff.jitter", 0.0, 1.0)? {
+                backoff.jitter = n;
+            }
+            if backoff.max < backoff.initial {
+                return Err("options.backoff.maxMs must not be below initialMs".into());
+            }
+        }
+        let count = |key: &str, default: usize| -> Result<usize, Invalid> {
+            Ok(number(o, key, 1.0, 1_000_000.0)?.map_or(default, |n| n as usize))
+        };
+        Ok(Self {
+            servers,
+            allocator_url,
+            public_key: string(o, "publicKey")?,
+            device_id: string(o, "deviceId")?.filter(|s| !s.is_empty()),
+            os_name: string(o, "osName")?.unwrap_or_else(|| "web".into()),
+            os_version: string(o, "osVersion")?.unwrap_or_else(user_agent),
+            client_version: string(o, "clientVersion")?
+                .unwrap_or_else(|| format!("mpush-sdk/{}", env!("CARGO_PKG_VERSION"))),
+            v2: boolean(o, "v2", true)?,
+            heartbeat: millis(o, "heartbeatMs", 240_000, 1_000.0)?,
+            connect_timeout: millis(o, "connectTimeoutMs", 10_000, 100.0)?,
+            backoff,
+            dedup_capacity: count("dedupCapacity", 1024)?,
+            outbound_capacity: count("outboundCapacity", 256)?,
+            storage,
+            storage_key: string(o, "storageKey")?.unwrap_or_else(|| "mpush".into()),
+            on_message: callback(o, "onMessage")?,
+            on_state_change: callback(o, "onStateChange")?,
+            on_kicked: callback(o, "onKicked")?,
+            on_error: callback(o, "onError")?,
+        })
+    }
+}
