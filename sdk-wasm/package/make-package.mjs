@@ -11,7 +11,8 @@ const cargo = readFileSync(join(root, "Cargo.toml"), "utf8");
 const version = /\[workspace\.package\][^[]*?version\s*=\s*"([^"]+)"/s.exec(cargo)?.[1];
 if (!version) throw new Error("no workspace version in Cargo.toml");
 
-const files = ["mpush_sdk.js", "mpush_sdk.d.ts", "mpush_sdk_bg.wasm", "mpush_sdk_bg.wasm.d.ts"];
+const modules = ["mpush_sdk", "mpush_sdk_conformance"];
+const files = modules.flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_bg.wasm`, `${m}_bg.wasm.d.ts`]);
 for (const f of files) {
   if (!existsSync(join(pkg, f))) throw new Error(`wasm-bindgen output is missing ${f}`);
 }
@@ -28,6 +29,9 @@ const manifest = {
   exports: {
     ".": { types: "./mpush_sdk.d.ts", default: "./mpush_sdk.js" },
     "./mpush_sdk_bg.wasm": "./mpush_sdk_bg.wasm",
+    // A self-test build with checkVector (the shared protocol vectors); apps never load it.
+    "./conformance": { types: "./mpush_sdk_conformance.d.ts", default: "./mpush_sdk_conformance.js" },
+    "./mpush_sdk_conformance_bg.wasm": "./mpush_sdk_conformance_bg.wasm",
     "./package.json": "./package.json",
   },
   files: [...files, "snippets/", "README.md"],

@@ -1,5 +1,5 @@
 // Prints the gzipped size of the package's wasm and JS (what a page downloads).
-// Usage: node size.mjs <pkg dir> [--json]
+// Usage: node size.mjs <pkg dir> [--only prefix,...] [--json]
 import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
@@ -10,7 +10,12 @@ const walk = (d) =>
     const p = join(d, f);
     return statSync(p).isDirectory() ? walk(p) : [p];
   });
-const shipped = walk(pkg).filter((f) => /\.(wasm|js)$/.test(f));
+// --only a,b,c: count only files whose path (inside the package) starts with one of these.
+const at = process.argv.indexOf("--only");
+const only = at > 0 ? process.argv[at + 1].split(",") : null;
+const shipped = walk(pkg)
+  .filter((f) => /\.(wasm|js)$/.test(f))
+  .filter((f) => !only || only.some((o) => f.slice(pkg.length + 1).startsWith(o)));
 let raw = 0;
 let gz = 0;
 const rows = shipped.map((f) => {

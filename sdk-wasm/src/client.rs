@@ -695,8 +695,9 @@ impl PushClient {
     pub fn bind(
         &self,
         #[wasm_bindgen(js_name = userId)] user_id: String,
-        #[wasm_bindgen(unchecked_param_type = "BindOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "BindOptions")] options: Option<JsValue>,
     ) -> Promise {
+        let options = options.unwrap_or(JsValue::UNDEFINED);
         let parsed = (|| {
             if user_id.is_empty() {
                 return Err("userId must not be empty".to_owned());
@@ -782,8 +783,9 @@ impl PushClient {
     pub fn push(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string | Uint8Array | ArrayBuffer")] data: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "PushOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "PushOptions")] options: Option<JsValue>,
     ) -> Promise {
+        let options = options.unwrap_or(JsValue::UNDEFINED);
         let Some(bytes) = bytes_of(&data) else {
             return Promise::reject(&js::error(
                 "invalid_options",
@@ -864,6 +866,11 @@ impl PushClient {
         self.inner.borrow().device_id.clone()
     }
 
+    #[wasm_bindgen(getter = onMessage, unchecked_return_type = "((message: PushMessage) => void) | null")]
+    pub fn on_message(&self) -> Option<Function> {
+        self.inner.borrow().opts.on_message.clone()
+    }
+
     #[wasm_bindgen(setter = onMessage)]
     pub fn set_on_message(
         &self,
@@ -872,6 +879,11 @@ impl PushClient {
         >,
     ) {
         self.inner.borrow_mut().opts.on_message = f;
+    }
+
+    #[wasm_bindgen(getter = onStateChange, unchecked_return_type = "((state: ConnectionState, detail: StateDetail) => void) | null")]
+    pub fn on_state_change(&self) -> Option<Function> {
+        self.inner.borrow().opts.on_state_change.clone()
     }
 
     #[wasm_bindgen(setter = onStateChange)]
@@ -885,6 +897,11 @@ impl PushClient {
         self.inner.borrow_mut().opts.on_state_change = f;
     }
 
+    #[wasm_bindgen(getter = onKicked, unchecked_return_type = "((info: KickInfo) => void) | null")]
+    pub fn on_kicked(&self) -> Option<Function> {
+        self.inner.borrow().opts.on_kicked.clone()
+    }
+
     #[wasm_bindgen(setter = onKicked)]
     pub fn set_on_kicked(
         &self,
@@ -893,6 +910,11 @@ impl PushClient {
         >,
     ) {
         self.inner.borrow_mut().opts.on_kicked = f;
+    }
+
+    #[wasm_bindgen(getter = onError, unchecked_return_type = "((error: PushError) => void) | null")]
+    pub fn on_error(&self) -> Option<Function> {
+        self.inner.borrow().opts.on_error.clone()
     }
 
     #[wasm_bindgen(setter = onError)]

@@ -195,7 +195,7 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
 
     let user = unique("web-user");
     let bind_opts = json(r#"{"tags": ["web", "beta"]}"#);
-    await_promise(client.bind(user.clone(), bind_opts))
+    await_promise(client.bind(user.clone(), Some(bind_opts)))
         .await
         .expect("bound");
     let (_, u) = http("GET", &format!("/api/v1/users/{user}"), None).await;
@@ -336,7 +336,7 @@ async fn offline_queue_events_iterator_kick_and_fast_connect() {
     );
 
     // Before connect(): commands are refused clearly.
-    let refused = await_promise(client.push("x".into(), JsValue::UNDEFINED))
+    let refused = await_promise(client.push("x".into(), None))
         .await
         .expect_err("refused");
     assert_eq!(
@@ -345,13 +345,13 @@ async fn offline_queue_events_iterator_kick_and_fast_connect() {
     );
     // Queued while connecting, sent once connected, resolved on the server's ACK.
     let _ = client.connect();
-    let up = client.push("queued while offline".into(), JsValue::UNDEFINED);
+    let up = client.push("queued while offline".into(), None);
     await_promise(up)
         .await
         .expect("the server acknowledged the queued push");
 
     let user = unique("web-kick");
-    await_promise(client.bind(user.clone(), JsValue::UNDEFINED))
+    await_promise(client.bind(user.clone(), None))
         .await
         .expect("bound");
     api_push(&user, "via iterator", "auto").await;
