@@ -53,7 +53,7 @@ function showMessage(m) {
     button.textContent = "Ack";
     button.className = "ack-button";
     button.onclick = () => {
-      client?.ack(m.id);
+      client?.ack(m);
       ackLabel(li, "acked");
       button.remove();
     };

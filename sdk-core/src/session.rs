@@ -8,7 +8,7 @@
 //! socket to `handle_closed`, and time to `handle_timeout` at `poll_timeout`.
 //! After every call it drains `poll_action` and `poll_event`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -190,7 +190,9 @@ pub struct Session {
     /// Up-push requests: connection request id → session request id.
     requests: HashMap<i32, u64>,
     /// Open ACK handles: ack id → (connection generation, token).
-    acks: HashMap<u64, (u64, AckToken)>,
+    /// Bounded by `dedup_capacity` (oldest out): an app that never
+    /// acknowledges cannot grow it without end; the server resends those.
+    acks: BTreeMap<u64, (u64, AckToken)>,
     next_ack: u64,
     generation: u64,
     actions: VecDeque<Action>,
@@ -234,7 +236,7 @@ impl Session {
             outbound: VecDeque::new(),
             next_request: 1,
             requests: HashMap::new(),
-            acks: HashMap::new(),
+            acks: BTreeMap::new(),
             next_ack: 1,
             generation: 0,
             actions: VecDeque::new(),
@@ -526,6 +528,8 @@ impl Session {
         if let Link::Connected { conn, .. } = &mut self.link {
             self.dedup = Some(conn.take_dedup());
         }
+        // Legacy ACKs name packets of this connection: moot once it is gone.
+        self.acks.retain(|_, (_, t)| t.message_id.is_some());
         for (_, session_request) in self.requests.drain() {
             self.events.push_back(SessionEvent::PushFailed {
                 request: session_request,
@@ -627,6 +631,9 @@ impl Session {
                 let needs_ack = m.ack.is_some();
                 if let Some(token) = m.ack {
                     self.acks.insert(ack_id, (self.generation, token));
+                    while self.acks.len() > self.config.dedup_capacity.max(1) {
+                        self.acks.pop_first();
+                    }
                 }
                 self.events.push_back(SessionEvent::Message(Message {
                     content: m.content.to_vec(),

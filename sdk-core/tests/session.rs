@@ -13,7 +13,7 @@ use mpush_protocol::message::Redirect;
 use mpush_protocol::server::{OutboundPush, ServerConfig, ServerConnection, ServerEvent};
 use mpush_protocol::session::{AckMode, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
-use mpush_sdk_core::{Action, Session, SessionConfig, SessionEvent};
+use mpush_sdk_core::{Action, Session, SessionConfig, SessionError, SessionEvent};
 
 struct Net {
     now: Instant,
@@ -491,4 +491,38 @@ fn a_kick_of_this_device_is_not_undone_by_the_next_reconnect() {
         .filter(|e| matches!(e, ServerEvent::BindRequested { .. }))
         .count();
     assert_eq!(binds, 1, "bound once, before the kick");
+}
+
+#[test]
+fn unacknowledged_biz_messages_do_not_pile_up() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    // In batches, with a reconnect after each (a server caps in-flight pushes
+    // per connection; v2 ACK handles outlive their connection).
+    for batch in 0..11 {
+        for id in 1..=100 {
+            n.server_push(batch * 100 + id, AckMode::Biz);
+        }
+        n.cut();
+        n.advance(Duration::from_secs(5));
+        assert!(n.session.is_connected());
+    }
+    let ack_ids: Vec<u64> = n
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::Message(m) if m.needs_ack => Some(m.ack_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ack_ids.len(), 1100);
+    let now = n.now;
+    // The oldest handles were let go (default capacity 1024); the newest work.
+    assert_eq!(
+        n.session.ack(ack_ids[0], now),
+        Err(SessionError::UnknownAck(ack_ids[0]))
+    );
+    assert_eq!(n.session.ack(ack_ids[1099], now), Ok(()));
 }

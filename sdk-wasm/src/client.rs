@@ -756,9 +756,17 @@ impl PushClient {
         self.command(|s, now| s.unbind(now))
     }
 
-    /// Acknowledges a message the app has handled (`message.id`). False when
-    /// there is nothing to acknowledge (not a BIZ message, or already done).
-    pub fn ack(&self, id: f64) -> Result<bool, JsValue> {
+    /// Acknowledges a message the app has handled: the message, or its `id`.
+    /// False when there is nothing to acknowledge (an AUTO message, which the
+    /// SDK acknowledged already, or one acknowledged before).
+    pub fn ack(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "PushMessage | number")] message: JsValue,
+    ) -> Result<bool, JsValue> {
+        let id = message
+            .as_f64()
+            .or_else(|| js::get(&message, "id").and_then(|v| v.as_f64()))
+            .ok_or_else(|| js::error("invalid_options", "ack() takes a message or its id"))?;
         let r = {
             let mut inner = self.inner.borrow_mut();
             let Some(s) = inner.session.as_mut() else {

@@ -231,9 +231,8 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
         "the SDK acknowledged the AUTO push"
     );
     assert!(
-        !client
-            .ack(get(&m, "id").as_f64().unwrap_or(-1.0))
-            .expect("ack")
+        !client.ack(m.clone()).expect("ack"),
+        "AUTO: nothing left to ack"
     );
 
     // BIZ: not acknowledged until the app says so; the server retries
@@ -260,11 +259,17 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
     );
     let m2 = seen.borrow().messages[1].clone();
     assert_eq!(get(&m2, "needsAck").as_bool(), Some(true));
-    let id = get(&m2, "id").as_f64().expect("id");
-    assert!(client.ack(id).expect("ack"), "the first ack sends");
+    let id = get(&m2, "id");
+    assert!(id.as_f64().is_some(), "ids are numbers");
+    assert!(client.ack(m2.clone()).expect("ack"), "the first ack sends");
     assert!(
         !client.ack(id).expect("ack"),
         "a second ack has nothing to do"
+    );
+    let bad = client.ack("nope".into()).expect_err("not a message");
+    assert_eq!(
+        get(&bad, "code").as_string().as_deref(),
+        Some("invalid_options")
     );
     for _ in 0..100 {
         if trace(&t2).await.0 == "ACK" {

@@ -13,7 +13,8 @@ export async function example(): Promise<void> {
       const text: string = m.text;
       const id: number = m.id;
       const serverId: string | null = m.messageId;
-      if (m.needsAck) client.ack(id);
+      if (m.needsAck) client.ack(m);
+      client.ack(id);
       void text;
       void serverId;
     },
