@@ -3,6 +3,7 @@
 //! and exposes a small async API.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,6 +17,15 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::session::{Action, Session, SessionConfig, SessionError, SessionEvent};
+
+/// Where the resume ticket persists: a file (`FileTicketStore`), or what
+/// the platform offers (SharedPreferences, Keychain) through the bindings.
+pub trait TicketStore: Send + Sync + 'static {
+    /// The saved ticket, if any.
+    fn load(&self) -> Option<String>;
+    /// Saves a ticket; empty means forget the saved one.
+    fn save(&self, ticket: &str) -> Result<(), String>;
+}
 
 /// Keeps the resume ticket in a file (one line), like mpush's `token.dat`.
 #[derive(Debug, Clone)]
@@ -48,12 +58,31 @@ impl FileTicketStore {
     }
 }
 
+impl TicketStore for FileTicketStore {
+    fn load(&self) -> Option<String> {
+        FileTicketStore::load(self)
+    }
+
+    fn save(&self, ticket: &str) -> Result<(), String> {
+        FileTicketStore::save(self, ticket).map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+}
+
 /// What `Client::connect` needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientOptions {
     pub session: SessionConfig,
     /// Where to keep the resume ticket; `None`: in memory only.
-    pub ticket_store: Option<FileTicketStore>,
+    pub ticket_store: Option<Arc<dyn TicketStore>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("session", &self.session)
+            .field("ticket_store", &self.ticket_store.is_some())
+            .finish()
+    }
 }
 
 enum Cmd {
@@ -66,7 +95,8 @@ enum Cmd {
     Unbind,
     Ack(u64, oneshot::Sender<Result<(), SessionError>>),
     Push(Vec<u8>, AckMode, oneshot::Sender<Result<u64, SessionError>>),
-    NetworkAvailable,
+    Network(bool),
+    Foreground(bool),
     Close,
 }
 
@@ -116,9 +146,20 @@ impl Client {
         rx.await.unwrap_or(Err(SessionError::Stopped))
     }
 
-    /// The network is back (or the app is in the foreground): retry now.
+    /// The network is back: retry now.
     pub fn network_available(&self) -> Result<(), SessionError> {
-        self.send(Cmd::NetworkAvailable)
+        self.send(Cmd::Network(true))
+    }
+
+    /// The network came or went: back, retry now; gone, no attempts until back.
+    pub fn network_changed(&self, available: bool) -> Result<(), SessionError> {
+        self.send(Cmd::Network(available))
+    }
+
+    /// The app came to the foreground (retry now) or went to the background
+    /// (no reconnect attempts until it is back; a live connection stays).
+    pub fn app_state(&self, foreground: bool) -> Result<(), SessionError> {
+        self.send(Cmd::Foreground(foreground))
     }
 
     pub fn close(&self) {
@@ -244,10 +285,7 @@ async fn run(
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     events: mpsc::UnboundedSender<SessionEvent>,
 ) {
-    let ticket = options
-        .ticket_store
-        .as_ref()
-        .and_then(FileTicketStore::load);
+    let ticket = options.ticket_store.as_ref().and_then(|s| s.load());
     let connect_timeout = options.session.connect_timeout;
     let mut session = Session::new(
         options.session,
@@ -317,7 +355,10 @@ async fn run(
                     Some(Cmd::Unbind) => { let _ = session.unbind(now); }
                     Some(Cmd::Ack(id, tx)) => { let _ = tx.send(session.ack(id, now)); }
                     Some(Cmd::Push(b, m, tx)) => { let _ = tx.send(session.push(&b, m, now)); }
-                    Some(Cmd::NetworkAvailable) => session.network_available(now),
+                    Some(Cmd::Network(true)) => session.network_available(now),
+                    Some(Cmd::Network(false)) => session.network_lost(),
+                    Some(Cmd::Foreground(true)) => session.foreground(now),
+                    Some(Cmd::Foreground(false)) => session.background(),
                     Some(Cmd::Close) | None => session.close(),
                 }
             }

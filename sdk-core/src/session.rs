@@ -144,6 +144,29 @@ pub enum SessionError {
     UnknownAck(u64),
 }
 
+impl SessionError {
+    /// A stable code per kind, shared by every SDK (`queue_full`, ...).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::QueueFull(_) => "queue_full",
+            Self::Stopped => "stopped",
+            Self::UnknownAck(_) => "unknown_ack",
+        }
+    }
+
+    /// One error of every kind, for the bindings' tests that map each.
+    pub fn every_kind() -> Vec<SessionError> {
+        let all = vec![Self::QueueFull(0), Self::Stopped, Self::UnknownAck(0)];
+        // Adding a variant breaks this match: add it to the list above too.
+        for e in &all {
+            match e {
+                Self::QueueFull(_) | Self::Stopped | Self::UnknownAck(_) => {}
+            }
+        }
+        all
+    }
+}
+
 enum Outbound {
     Push {
         request: u64,
@@ -197,6 +220,9 @@ pub struct Session {
     generation: u64,
     actions: VecDeque<Action>,
     events: VecDeque<SessionEvent>,
+    /// Reconnects wait while the network is down or the app is in the background.
+    network_down: bool,
+    background: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -241,6 +267,8 @@ impl Session {
             generation: 0,
             actions: VecDeque::new(),
             events: VecDeque::new(),
+            network_down: false,
+            background: false,
             config: Arc::new(config),
         };
         s.connect(now);
@@ -259,8 +287,14 @@ impl Session {
         self.events.pop_front()
     }
 
+    /// True while reconnects wait for the network or the foreground.
+    pub fn is_paused(&self) -> bool {
+        self.network_down || self.background
+    }
+
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.link {
+            Link::Waiting { .. } if self.is_paused() => None,
             Link::Waiting { at } => Some(*at),
             Link::Opening { deadline, .. } => Some(*deadline),
             Link::Connected { conn, .. } => conn.poll_timeout(),
@@ -334,8 +368,9 @@ impl Session {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        let paused = self.is_paused();
         match &mut self.link {
-            Link::Waiting { at } if *at <= now => self.connect(now),
+            Link::Waiting { at } if *at <= now && !paused => self.connect(now),
             Link::Opening { deadline, .. } if *deadline <= now => {
                 self.actions.push_back(Action::Close);
                 self.open_next_or_wait(now, "connect timed out".into());
@@ -348,18 +383,41 @@ impl Session {
         }
     }
 
-    /// The network came back, or the app came to the foreground: forget the
-    /// backoff and, if waiting, reconnect now.
+    /// The network came back: forget the backoff and, if waiting (and not in
+    /// the background), reconnect now.
     pub fn network_available(&mut self, now: Instant) {
-        self.backoff.reset();
-        if let Link::Waiting { .. } = self.link {
-            self.connect(now);
-        }
+        self.network_down = false;
+        self.resume(now);
     }
 
-    /// The app came to the foreground: same as `network_available`.
+    /// The network is gone: no reconnect attempts until `network_available`.
+    /// A live connection is kept (its heartbeat tells whether it survived).
+    pub fn network_lost(&mut self) {
+        self.network_down = true;
+    }
+
+    /// The app came to the foreground: forget the backoff and, if waiting
+    /// (and the network is up), reconnect now.
     pub fn foreground(&mut self, now: Instant) {
-        self.network_available(now);
+        self.background = false;
+        self.resume(now);
+    }
+
+    /// The app went to the background: no reconnect attempts until
+    /// `foreground` (apps that keep pushing in the background, from an
+    /// Android foreground service, just do not report it). A live connection
+    /// is kept.
+    pub fn background(&mut self) {
+        self.background = true;
+    }
+
+    fn resume(&mut self, now: Instant) {
+        self.backoff.reset();
+        if !self.is_paused()
+            && let Link::Waiting { .. } = self.link
+        {
+            self.connect(now);
+        }
     }
 
     // ----- app commands ----------------------------------------------------

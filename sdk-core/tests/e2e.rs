@@ -120,7 +120,7 @@ async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exa
     let dir = std::env::temp_dir().join(format!("mpush-sdk-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let mut opts = options(&tcp.to_string(), "phone-1", true);
-    opts.ticket_store = Some(FileTicketStore::new(dir.join("token.dat")));
+    opts.ticket_store = Some(Arc::new(FileTicketStore::new(dir.join("token.dat"))));
     let mut c = Client::connect(opts);
     c.bind("zoe", "", "").await.expect("bind");
     wait_for(&mut c, "bound", |e| {
@@ -129,7 +129,9 @@ async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exa
     .await;
     assert!(dir.join("token.dat").exists(), "the ticket is persisted");
 
-    // The session survives a dropped connection: fast connect, then re-bind.
+    // The session survives a dropped connection (the API's kick closes it):
+    // fast connect. A kick of this device is not undone: no re-bind until
+    // the app binds again.
     let r = reqwest::Client::new()
         .post(format!("http://{http}/api/v1/users/zoe/kick"))
         .json(&json!({}))
@@ -141,6 +143,15 @@ async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exa
         matches!(e, SessionEvent::Connected { resumed: true, .. })
     })
     .await;
+    let online = |v: Value| v["online"].as_bool();
+    let u: Value = reqwest::get(format!("http://{http}/api/v1/users/zoe"))
+        .await
+        .expect("user")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(online(u), Some(false), "the kicked user is not bound again");
+    c.bind("zoe", "", "").await.expect("bind");
     wait_for(&mut c, "re-bound", |e| {
         matches!(e, SessionEvent::BindResult { ok: true, .. })
     })

@@ -526,3 +526,46 @@ fn unacknowledged_biz_messages_do_not_pile_up() {
     );
     assert_eq!(n.session.ack(ack_ids[1099], now), Ok(()));
 }
+
+#[test]
+fn reconnects_wait_while_the_network_is_down_or_the_app_is_in_the_background() {
+    let mut n = Net::new(&["a:1"], true);
+    assert!(n.session.is_connected());
+    n.session.network_lost();
+    n.cut();
+    let opened = n.opened.len();
+    n.advance(Duration::from_secs(600));
+    assert_eq!(
+        n.opened.len(),
+        opened,
+        "no attempts while the network is down"
+    );
+    assert!(n.session.poll_timeout().is_none());
+    // Foreground alone does not help: the network is still down.
+    let now = n.now;
+    n.session.background();
+    n.session.foreground(now);
+    n.pump();
+    assert_eq!(n.opened.len(), opened);
+    // The network is back, but the app went to the background meanwhile.
+    n.session.background();
+    n.session.network_available(now);
+    n.pump();
+    n.advance(Duration::from_secs(600));
+    assert_eq!(n.opened.len(), opened, "no attempts in the background");
+    // Foreground: at once, without waiting for the backoff.
+    let now = n.now;
+    n.session.foreground(now);
+    n.pump();
+    assert_eq!(n.opened.len(), opened + 1);
+    assert!(n.session.is_connected());
+}
+
+#[test]
+fn every_session_error_has_a_stable_code() {
+    let codes: Vec<&str> = SessionError::every_kind()
+        .iter()
+        .map(SessionError::code)
+        .collect();
+    assert_eq!(codes, vec!["queue_full", "stopped", "unknown_ack"]);
+}

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use mpush_protocol::crypto::RsaPublic;
 use mpush_protocol::session::DeviceInfo;
 use mpush_sdk_core::SessionEvent;
-use mpush_sdk_core::native::{Client, ClientOptions, FileTicketStore};
+use mpush_sdk_core::native::{Client, ClientOptions, FileTicketStore, TicketStore};
 use mpush_sdk_core::session::SessionConfig;
 use serde_json::{Value, json};
 
@@ -130,7 +130,8 @@ async fn main() -> ExitCode {
             listen(
                 ClientOptions {
                     session,
-                    ticket_store: ticket_file.map(FileTicketStore::new),
+                    ticket_store: ticket_file
+                        .map(|f| Arc::new(FileTicketStore::new(f)) as Arc<dyn TicketStore>),
                 },
                 &user,
                 &tags,
