@@ -101,9 +101,17 @@ enum Cmd {
 }
 
 /// A connected (or reconnecting) client. Dropping it closes the session.
+/// Its commands are those of [`ClientHandle`] (through `Deref`).
 pub struct Client {
-    cmds: mpsc::UnboundedSender<Cmd>,
+    handle: ClientHandle,
     events: mpsc::UnboundedReceiver<SessionEvent>,
+}
+
+/// The commands of a [`Client`], cloneable and usable from any task while
+/// one owner reads the events.
+#[derive(Clone)]
+pub struct ClientHandle {
+    cmds: mpsc::UnboundedSender<Cmd>,
 }
 
 impl Client {
@@ -114,15 +122,31 @@ impl Client {
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         tokio::spawn(run(options, cmd_rx, ev_tx));
         Self {
-            cmds: cmd_tx,
+            handle: ClientHandle { cmds: cmd_tx },
             events: ev_rx,
         }
     }
 
+    /// The next event; `None` once the session has stopped and every event was read.
     pub async fn next_event(&mut self) -> Option<SessionEvent> {
         self.events.recv().await
     }
 
+    /// A handle for commands from elsewhere (the client still closes when dropped).
+    pub fn handle(&self) -> ClientHandle {
+        self.handle.clone()
+    }
+}
+
+impl std::ops::Deref for Client {
+    type Target = ClientHandle;
+
+    fn deref(&self) -> &ClientHandle {
+        &self.handle
+    }
+}
+
+impl ClientHandle {
     pub async fn bind(&self, user: &str, tags: &str, token: &str) -> Result<(), SessionError> {
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::Bind(user.into(), tags.into(), token.into(), tx))?;
@@ -137,6 +161,13 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::Ack(ack_id, tx))?;
         rx.await.unwrap_or(Err(SessionError::Stopped))
+    }
+
+    /// Acknowledges without waiting for the session's answer (safe to call
+    /// from an event callback that must not block).
+    pub fn ack_nowait(&self, ack_id: u64) -> Result<(), SessionError> {
+        let (tx, _) = oneshot::channel();
+        self.send(Cmd::Ack(ack_id, tx))
     }
 
     /// Sends a message up (queued while offline).
@@ -173,7 +204,7 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let _ = self.cmds.send(Cmd::Close);
+        self.handle.close();
     }
 }
 

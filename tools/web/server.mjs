@@ -80,3 +80,41 @@ export async function startServer({ env = {}, tcp = "127.0.0.1:0", ws = "127.0.0
   };
   return server;
 }
+
+/** Starts a throwaway redis-server on a free loopback port: {url, stop()}. */
+export async function startRedis() {
+  const { createServer } = await import("node:net");
+  const port = await new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+  const child = spawn("redis-server", ["--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no"], { stdio: ["ignore", "pipe", "pipe"] });
+  await new Promise((resolve, reject) => {
+    let out = "";
+    const timer = setTimeout(() => reject(new Error(`redis-server did not start\n${out}`)), 10000);
+    child.stdout.on("data", (d) => {
+      out += d;
+      if (/Ready to accept connections/.test(out)) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.on("exit", (c) => {
+      clearTimeout(timer);
+      reject(new Error(`redis-server exited (${c})\n${out}`));
+    });
+  });
+  return {
+    url: `redis://127.0.0.1:${port}/`,
+    stop: () =>
+      new Promise((resolve) => {
+        if (child.exitCode !== null) return resolve();
+        child.once("exit", resolve);
+        child.kill("SIGTERM");
+      }),
+  };
+}

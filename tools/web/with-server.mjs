@@ -1,29 +1,58 @@
 // Runs a command with a real mpush-server started for it:
-//   node tools/web/with-server.mjs -- cargo test ...
-// The command gets MPUSH_TEST_WS (ws:// URL) and MPUSH_TEST_API (http:// URL).
+//   node tools/web/with-server.mjs [--redis] -- <command> [args...]
+// The command gets MPUSH_TEST_WS (ws:// URL), MPUSH_TEST_TCP (host:port),
+// MPUSH_TEST_API (http:// URL) and MPUSH_TEST_CONTROL (http:// URL: a
+// `POST /restart` there restarts the server on the same ports).
 // The server allows CORS from any origin (test pages are served elsewhere)
-// and retries unacknowledged pushes quickly.
+// and retries unacknowledged pushes quickly. With --redis it runs in cluster
+// mode on its own redis-server (sessions then survive a restart).
 import { spawn } from "node:child_process";
-import { startServer, root } from "./server.mjs";
+import { createServer } from "node:http";
+import { startServer, startRedis, root } from "./server.mjs";
 
 const i = process.argv.indexOf("--");
+const flags = i >= 0 ? process.argv.slice(2, i) : process.argv.slice(2);
 const cmd = i >= 0 ? process.argv.slice(i + 1) : [];
 if (cmd.length === 0) {
-  console.error("usage: node with-server.mjs -- <command> [args...]");
+  console.error("usage: node with-server.mjs [--redis] -- <command> [args...]");
   process.exit(2);
 }
+const redis = flags.includes("--redis") ? await startRedis() : null;
 const server = await startServer({
   env: {
     MPUSH__SECURITY__CORS_ORIGINS: '["*"]',
     MPUSH__DELIVERY__ACK_WAITS_MS: "[300,300,300]",
+    ...(redis ? { MPUSH__CLUSTER__REDIS: redis.url, MPUSH__CLUSTER__INTERNAL: "127.0.0.1:0" } : {}),
   },
 });
-console.log(`with-server: mpush-server at ${server.wsUrl} and ${server.apiUrl}`);
+const control = createServer(async (req, res) => {
+  if (req.method === "POST" && req.url === "/restart") {
+    try {
+      await server.restart();
+      res.writeHead(200).end("restarted\n");
+    } catch (e) {
+      res.writeHead(500).end(String(e));
+    }
+  } else {
+    res.writeHead(404).end();
+  }
+});
+await new Promise((r) => control.listen(0, "127.0.0.1", r));
+const controlUrl = `http://127.0.0.1:${control.address().port}`;
+console.log(`with-server: mpush-server at ${server.wsUrl}, ${server.tcp} and ${server.apiUrl}${redis ? ` on ${redis.url}` : ""}`);
 const child = spawn(cmd[0], cmd.slice(1), {
   cwd: root,
   stdio: "inherit",
-  env: { ...process.env, MPUSH_TEST_WS: server.wsUrl, MPUSH_TEST_API: server.apiUrl },
+  env: {
+    ...process.env,
+    MPUSH_TEST_WS: server.wsUrl,
+    MPUSH_TEST_TCP: server.tcp,
+    MPUSH_TEST_API: server.apiUrl,
+    MPUSH_TEST_CONTROL: controlUrl,
+  },
 });
 const code = await new Promise((resolve) => child.on("exit", (c, sig) => resolve(c ?? (sig ? 1 : 0))));
+control.close();
 await server.stop();
+if (redis) await redis.stop();
 process.exit(code);
