@@ -56,6 +56,10 @@ impl Redis {
     }
 
     async fn query(&self, args: &[&str]) -> redis::Value {
+        self.try_query(args).await.expect("query")
+    }
+
+    async fn try_query(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let client = redis::Client::open(self.url()).expect("url");
         let mut c = client
             .get_multiplexed_async_connection()
@@ -65,7 +69,7 @@ impl Redis {
         for a in &args[1..] {
             cmd.arg(*a);
         }
-        cmd.query_async(&mut c).await.expect("query")
+        cmd.query_async(&mut c).await
     }
 }
 
@@ -559,8 +563,22 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     }
     on_b.message("before").await;
 
-    // Fail over: the replica becomes the master; the nodes follow it.
-    sentinel.query(&["SENTINEL", "FAILOVER", "mymaster"]).await;
+    // Fail over: the replica becomes the master; the nodes follow it. The
+    // sentinel may not know the replica as a good one yet (NOGOODSLAVE): retry.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match sentinel
+            .try_query(&["SENTINEL", "FAILOVER", "mymaster"])
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if e.to_string().contains("NOGOODSLAVE") => {
+                assert!(std::time::Instant::now() < deadline, "{e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("SENTINEL FAILOVER: {e}"),
+        }
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let m = sentinel

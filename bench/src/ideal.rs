@@ -1,0 +1,93 @@
+//! The minimal ideal server: plain tokio, no protocol, one task and one
+//! bounded queue per connection, queued messages coalesced into one write.
+//! What a push server could do at best on this machine; `run` reports every
+//! figure of the real server as a ratio to it. Driven over stdin/stdout.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::worker::stamp;
+
+type Queues = Arc<Mutex<Vec<mpsc::Sender<Bytes>>>>;
+
+async fn writer(mut sock: tokio::net::TcpStream, mut rx: mpsc::Receiver<Bytes>) {
+    let mut batch = Vec::new();
+    let mut buf = BytesMut::new();
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        for m in batch.drain(..) {
+            buf.put_u32(m.len() as u32);
+            buf.put_slice(&m);
+        }
+        if sock.write_all(&buf).await.is_err() {
+            return;
+        }
+        buf.clear();
+    }
+}
+
+/// Sends `count` messages of `size` bytes: to every connection, or round-robin.
+async fn send(queues: &Queues, count: usize, size: usize, broadcast: bool) -> usize {
+    let qs: Vec<mpsc::Sender<Bytes>> = queues.lock().map(|q| q.clone()).unwrap_or_default();
+    if qs.is_empty() {
+        return 0;
+    }
+    let mut sent = 0;
+    for k in 0..count {
+        let msg = Bytes::from(stamp(size));
+        if broadcast {
+            for q in &qs {
+                if q.send(msg.clone()).await.is_ok() {
+                    sent += 1;
+                }
+            }
+        } else if qs[k % qs.len()].send(msg).await.is_ok() {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+pub async fn run(addr: &str) -> Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    let queues: Queues = Arc::new(Mutex::new(Vec::new()));
+    let q = queues.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let _ = sock.set_nodelay(true);
+            let (tx, rx) = mpsc::channel(1024);
+            if let Ok(mut v) = q.lock() {
+                v.push(tx);
+            }
+            tokio::spawn(writer(sock, rx));
+        }
+    });
+    let mut out = tokio::io::stdout();
+    out.write_all(format!("{}\n", json!({"event": "listening", "addr": addr})).as_bytes())
+        .await?;
+    out.flush().await?;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.as_slice() {
+            ["broadcast" | "unicast", count, size] => {
+                let (count, size) = (count.parse()?, size.parse()?);
+                let sent = send(&queues, count, size, words[0] == "broadcast").await;
+                json!({"event": "sent", "sent": sent})
+            }
+            ["count"] => {
+                json!({"event": "count", "conns": queues.lock().map(|q| q.len()).unwrap_or(0)})
+            }
+            ["quit"] => break,
+            _ => json!({"event": "error", "message": format!("unknown command {line}")}),
+        };
+        out.write_all(format!("{reply}\n").as_bytes()).await?;
+        out.flush().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `mpush-bench`: the load tool and benchmark of the mpush server.
+//!
+//! `mpush-bench run [--quick]` starts the release `mpush-server` (and the
+//! ideal server) as child processes on loopback, spreads client connections
+//! over worker processes (`mpush-bench worker`, at most ~19,000 sockets each,
+//! from 127.0.0.2 and up), runs the scenarios and prints each figure next to
+//! the ideal server's, as text and JSON.
+
+mod ideal;
+mod run;
+mod worker;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the scenarios and print the figures (text, and JSON with --json).
+    Run(run::RunArgs),
+    /// A load process (started by `run`).
+    Worker(worker::WorkerArgs),
+    /// The minimal ideal server (started by `run`).
+    Ideal {
+        #[arg(long)]
+        addr: String,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match cli.cmd {
+            Cmd::Run(a) => run::run(a).await,
+            Cmd::Worker(a) => worker::run(a).await,
+            Cmd::Ideal { addr } => ideal::run(&addr).await,
+        }
+    })
+}

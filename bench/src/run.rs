@@ -1,0 +1,681 @@
+//! The orchestrator: servers and workers as child processes, the scenarios,
+//! the figures with their ratios to the ideal server.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use hdrhistogram::serialization::Deserializer;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::sync::Semaphore;
+
+use crate::worker::{Transport, stamp};
+
+/// Sockets per worker process (the limit is 20,000 open files per process).
+const PER_WORKER: usize = 19_000;
+const PAYLOAD: usize = 64;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// A small run (about a minute) that checks the tool works, not speed.
+    #[arg(long)]
+    pub quick: bool,
+    /// Connections per scenario (default 10,000; --quick: 500).
+    #[arg(long)]
+    pub conns: Option<usize>,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// The server binary (default: `mpush-server` next to this one).
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+}
+
+struct Proc {
+    child: tokio::process::Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Result<Self> {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning a child process")?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        Ok(Self {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        })
+    }
+
+    async fn ask(&mut self, cmd: &str, timeout: Duration) -> Result<Value> {
+        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        let line = tokio::time::timeout(timeout, self.lines.next_line())
+            .await
+            .with_context(|| format!("no answer to `{cmd}` in {timeout:?}"))??
+            .with_context(|| format!("the process ended before answering `{cmd}`"))?;
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Server {
+    child: tokio::process::Child,
+    tcp: String,
+    ws: String,
+    api: String,
+}
+
+async fn start_server(bin: &Path) -> Result<Server> {
+    let (tcp, ws, http) = (free_port()?, free_port()?, free_port()?);
+    let child = Command::new(bin)
+        .args([
+            "--tcp",
+            &format!("127.0.0.1:{tcp}"),
+            "--ws",
+            &format!("127.0.0.1:{ws}"),
+            "--http",
+            &format!("127.0.0.1:{http}"),
+        ])
+        .env("MPUSH__LIMITS__HANDSHAKES_PER_IP", "10000000")
+        .env("MPUSH__LIMITS__MAX_CONNECTIONS", "200000")
+        .env("MPUSH__DELIVERY__PUSH_RATE", "100000000")
+        .env("MPUSH__DELIVERY__BROADCAST_RATE", "100000000")
+        .env("MPUSH__NET__DEMO_DIR", "")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let api = format!("http://127.0.0.1:{http}");
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client.get(format!("{api}/healthz")).send().await.is_ok() {
+            return Ok(Server {
+                child,
+                tcp: format!("127.0.0.1:{tcp}"),
+                ws: format!("127.0.0.1:{ws}"),
+                api,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("mpush-server did not answer /healthz")
+}
+
+struct Ideal {
+    proc: Proc,
+    addr: String,
+}
+
+async fn start_ideal(me: &Path) -> Result<Ideal> {
+    let addr = format!("127.0.0.1:{}", free_port()?);
+    let mut cmd = Command::new(me);
+    cmd.args(["ideal", "--addr", &addr]);
+    let mut proc = Proc::spawn(cmd)?;
+    let first = tokio::time::timeout(Duration::from_secs(10), proc.lines.next_line())
+        .await
+        .context("the ideal server did not start")??
+        .unwrap_or_default();
+    if !first.contains("listening") {
+        bail!("the ideal server did not listen: {first}");
+    }
+    Ok(Ideal { proc, addr })
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    received: u64,
+    bound: u64,
+    connected: u64,
+    resumed: u64,
+    failed: u64,
+    errors: Vec<String>,
+}
+
+struct Workers {
+    procs: Vec<Proc>,
+    hist: Histogram<u64>,
+}
+
+impl Workers {
+    async fn start(
+        me: &Path,
+        target: &str,
+        transport: Transport,
+        legacy: bool,
+        conns: usize,
+        first_user: usize,
+    ) -> Result<Self> {
+        let mut procs = Vec::new();
+        let mut first = 0;
+        let mut w = 0;
+        while first < conns {
+            let n = PER_WORKER.min(conns - first);
+            let src = format!("127.0.0.{}", 2 + w);
+            let mut cmd = Command::new(me);
+            cmd.args(["worker", "--target", target, "--transport"])
+                .arg(match transport {
+                    Transport::Tcp => "tcp",
+                    Transport::Ws => "ws",
+                    Transport::Ideal => "ideal",
+                })
+                .args(["--conns", &n.to_string()])
+                .args(["--first", &(first_user + first).to_string()])
+                .args(["--src", &src]);
+            if legacy {
+                cmd.arg("--legacy");
+            }
+            procs.push(Proc::spawn(cmd)?);
+            first += n;
+            w += 1;
+        }
+        Ok(Self {
+            procs,
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+        })
+    }
+
+    async fn totals(&mut self) -> Result<Totals> {
+        let mut t = Totals::default();
+        for p in &mut self.procs {
+            let v = p.ask("stats", Duration::from_secs(30)).await?;
+            let n = |k: &str| v[k].as_u64().unwrap_or(0);
+            t.received += n("received");
+            t.bound += n("bound");
+            t.connected += n("connected");
+            t.resumed += n("resumed");
+            t.failed += n("failed");
+            if let Some(e) = v["errors"].as_array() {
+                t.errors
+                    .extend(e.iter().filter_map(|x| x.as_str().map(str::to_owned)));
+            }
+            let hex = v["hist"].as_str().unwrap_or_default();
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+                .collect();
+            if !bytes.is_empty() {
+                let h: Histogram<u64> = Deserializer::new()
+                    .deserialize(&mut &bytes[..])
+                    .map_err(|e| anyhow::anyhow!("histogram: {e:?}"))?;
+                self.hist.add(&h).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// Polls until `done(totals)`, failing on client errors or the timeout.
+    async fn wait(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Totals) -> bool,
+    ) -> Result<Totals> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let t = self.totals().await?;
+            if done(&t) {
+                return Ok(t);
+            }
+            if t.failed > 0 {
+                bail!("{what}: {} client(s) failed: {:?}", t.failed, t.errors);
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: timed out after {timeout:?} ({t:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn all(&mut self, cmd: &str) -> Result<()> {
+        for p in &mut self.procs {
+            p.ask(cmd, Duration::from_secs(10)).await?;
+        }
+        Ok(())
+    }
+
+    fn take_latency(&mut self) -> Value {
+        let h = &self.hist;
+        let v = if h.is_empty() {
+            json!(null)
+        } else {
+            json!({
+                "count": h.len(),
+                "p50_us": h.value_at_quantile(0.5),
+                "p99_us": h.value_at_quantile(0.99),
+                "p999_us": h.value_at_quantile(0.999),
+                "max_us": h.max(),
+            })
+        };
+        self.hist.reset();
+        v
+    }
+
+    async fn quit(mut self) {
+        for p in &mut self.procs {
+            let _ = p.stdin.write_all(b"quit\n").await;
+        }
+        for p in &mut self.procs {
+            let _ = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
+        }
+    }
+}
+
+struct Sizes {
+    conns: usize,
+    batch_msgs: usize,
+    single_msgs: usize,
+    paced_rate: usize,
+    paced_secs: u64,
+    broadcasts: usize,
+    timeout: Duration,
+}
+
+fn ratio(ours: f64, ideal: f64) -> f64 {
+    if ideal > 0.0 { ours / ideal } else { 0.0 }
+}
+
+/// Scenario 1 and 2: memory per idle bound connection, full handshakes/s,
+/// fast connects/s.
+async fn connections(
+    me: &Path,
+    bin: &Path,
+    s: &Sizes,
+    transport: Transport,
+    legacy: bool,
+) -> Result<Value> {
+    let server = start_server(bin).await?;
+    let pid = server.child.id().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kb(pid);
+    let target = if transport == Transport::Ws {
+        &server.ws
+    } else {
+        &server.tcp
+    };
+    let t0 = Instant::now();
+    let mut w = Workers::start(me, target, transport, legacy, s.conns, 0).await?;
+    let n = s.conns as u64;
+    w.wait("handshake and bind", s.timeout, |t| t.bound >= n)
+        .await?;
+    let hs_secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kb(pid);
+    let t1 = Instant::now();
+    w.all("reconnect").await?;
+    let t = w
+        .wait("fast connect", s.timeout, |t| t.connected >= 2 * n)
+        .await?;
+    let fc_secs = t1.elapsed().as_secs_f64();
+    w.quit().await;
+    drop(server);
+    Ok(json!({
+        "transport": transport,
+        "profile": if legacy { "legacy" } else { "v2" },
+        "conns": s.conns,
+        "bytes_per_conn": (after.saturating_sub(before) * 1024) as f64 / s.conns as f64,
+        "handshakes_per_s": s.conns as f64 / hs_secs,
+        "fast_connects_per_s": s.conns as f64 / fc_secs,
+        "resumed": t.resumed,
+    }))
+}
+
+async fn ideal_memory(me: &Path, s: &Sizes) -> Result<(Ideal, Workers, f64)> {
+    let ideal = start_ideal(me).await?;
+    let pid = ideal.proc.pid();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kb(pid);
+    let mut w = Workers::start(me, &ideal.addr, Transport::Ideal, false, s.conns, 0).await?;
+    let n = s.conns as u64;
+    w.wait("ideal connections", s.timeout, |t| t.bound >= n)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let per = (rss_kb(pid).saturating_sub(before) * 1024) as f64 / s.conns as f64;
+    Ok((ideal, w, per))
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Value) -> Result<()> {
+    let r = client.post(url).json(&body).send().await?;
+    if !r.status().is_success() {
+        bail!(
+            "{url}: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Scenario 3 and 4 on one server: unicast (batch, single, paced) and broadcast.
+async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let server = start_server(bin).await?;
+    let mut w = Workers::start(me, &server.tcp, Transport::Tcp, false, s.conns, 0).await?;
+    let n = s.conns as u64;
+    w.wait("bind", s.timeout, |t| t.bound >= n).await?;
+    w.totals().await?;
+    w.take_latency();
+    let http = reqwest::Client::new();
+    let users = |from: usize, count: usize| -> Vec<String> {
+        (from..from + count)
+            .map(|k| format!("u{}", k % s.conns))
+            .collect()
+    };
+
+    // Batch API, as fast as 8 concurrent callers go.
+    let batch = 1000.min(s.conns);
+    let requests = s.batch_msgs.div_ceil(batch);
+    let base = w.totals().await?.received;
+    let t0 = Instant::now();
+    let gate = Arc::new(Semaphore::new(8));
+    let mut tasks = Vec::new();
+    for r in 0..requests {
+        let (http, url, gate) = (
+            http.clone(),
+            format!("{}/api/v1/push/batch", server.api),
+            gate.clone(),
+        );
+        let body = json!({"userIds": users(r * batch, batch), "content": stamp(PAYLOAD)});
+        let permit = gate.acquire_owned().await?;
+        tasks.push(tokio::spawn(async move {
+            let r = post(&http, &url, body).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let want = base + (requests * batch) as u64;
+    w.wait("batch deliveries", s.timeout, |t| t.received >= want)
+        .await?;
+    let batch_rate = (requests * batch) as f64 / t0.elapsed().as_secs_f64();
+    let batch_latency = w.take_latency();
+
+    // Paced: a steady rate through the batch API (100 messages per request).
+    let per_tick = (s.paced_rate / 100).max(1);
+    let ticks = s.paced_secs * 100;
+    let base = w.totals().await?.received;
+    let mut sent = 0u64;
+    let mut interval = tokio::time::interval(Duration::from_millis(10));
+    let mut tasks = Vec::new();
+    for k in 0..ticks {
+        interval.tick().await;
+        let (http, url) = (http.clone(), format!("{}/api/v1/push/batch", server.api));
+        let body =
+            json!({"userIds": users(k as usize * per_tick, per_tick), "content": stamp(PAYLOAD)});
+        sent += per_tick as u64;
+        tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    w.wait("paced deliveries", s.timeout, |t| t.received >= base + sent)
+        .await?;
+    let paced_latency = w.take_latency();
+
+    // Single-user API, 64 concurrent callers.
+    let base = w.totals().await?.received;
+    let t0 = Instant::now();
+    let gate = Arc::new(Semaphore::new(64));
+    let mut tasks = Vec::new();
+    for k in 0..s.single_msgs {
+        let (http, url, gate) = (
+            http.clone(),
+            format!("{}/api/v1/push", server.api),
+            gate.clone(),
+        );
+        let body = json!({"userId": format!("u{}", k % s.conns), "content": stamp(PAYLOAD)});
+        let permit = gate.acquire_owned().await?;
+        tasks.push(tokio::spawn(async move {
+            let r = post(&http, &url, body).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let want = base + s.single_msgs as u64;
+    w.wait("single deliveries", s.timeout, |t| t.received >= want)
+        .await?;
+    let single_rate = s.single_msgs as f64 / t0.elapsed().as_secs_f64();
+    let single_latency = w.take_latency();
+
+    // Broadcast to every connection, back to back.
+    let base = w.totals().await?.received;
+    let t0 = Instant::now();
+    for _ in 0..s.broadcasts {
+        post(
+            &http,
+            &format!("{}/api/v1/broadcast", server.api),
+            json!({"content": stamp(PAYLOAD)}),
+        )
+        .await?;
+    }
+    let want = base + (s.broadcasts * s.conns) as u64;
+    w.wait("broadcast deliveries", s.timeout, |t| t.received >= want)
+        .await?;
+    let broadcast_rate = (s.broadcasts * s.conns) as f64 / t0.elapsed().as_secs_f64();
+    let broadcast_latency = w.take_latency();
+    w.quit().await;
+    drop(server);
+    Ok(json!({
+        "conns": s.conns,
+        "batch": {"messages": requests * batch, "per_s": batch_rate, "latency": batch_latency},
+        "paced": {"rate": per_tick * 100, "seconds": s.paced_secs, "latency": paced_latency},
+        "single": {"requests": s.single_msgs, "per_s": single_rate, "latency": single_latency},
+        "broadcast": {"broadcasts": s.broadcasts, "per_s": broadcast_rate, "latency": broadcast_latency},
+    }))
+}
+
+/// The ideal server's unicast and broadcast rates on the same connections.
+async fn ideal_delivery(ideal: &mut Ideal, w: &mut Workers, s: &Sizes) -> Result<Value> {
+    w.totals().await?;
+    w.take_latency();
+    let base = w.totals().await?.received;
+    let t0 = Instant::now();
+    ideal
+        .proc
+        .ask(&format!("unicast {} {PAYLOAD}", s.batch_msgs), s.timeout)
+        .await?;
+    let want = base + s.batch_msgs as u64;
+    w.wait("ideal unicast", s.timeout, |t| t.received >= want)
+        .await?;
+    let unicast = s.batch_msgs as f64 / t0.elapsed().as_secs_f64();
+    let unicast_latency = w.take_latency();
+    let base = w.totals().await?.received;
+    let t0 = Instant::now();
+    ideal
+        .proc
+        .ask(&format!("broadcast {} {PAYLOAD}", s.broadcasts), s.timeout)
+        .await?;
+    let want = base + (s.broadcasts * s.conns) as u64;
+    w.wait("ideal broadcast", s.timeout, |t| t.received >= want)
+        .await?;
+    let broadcast = (s.broadcasts * s.conns) as f64 / t0.elapsed().as_secs_f64();
+    let broadcast_latency = w.take_latency();
+    Ok(json!({
+        "unicast": {"per_s": unicast, "latency": unicast_latency},
+        "broadcast": {"per_s": broadcast, "latency": broadcast_latency},
+    }))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+fn print_report(r: &Value) {
+    let ideal = &r["ideal"];
+    println!(
+        "\n== mpush-bench ({} connections{}) ==",
+        r["conns"],
+        if r["quick"] == true { ", quick" } else { "" }
+    );
+    println!(
+        "ideal server: {:.0} B per idle connection",
+        f(&ideal["bytes_per_conn"])
+    );
+    println!(
+        "{:<12} {:>12} {:>10} {:>14} {:>16}",
+        "connections", "B/conn", "x ideal", "handshakes/s", "fast connects/s"
+    );
+    for c in r["connections"].as_array().into_iter().flatten() {
+        let b = f(&c["bytes_per_conn"]);
+        println!(
+            "{:<12} {:>12.0} {:>10.2} {:>14.0} {:>16.0}",
+            format!(
+                "{}/{}",
+                c["transport"].as_str().unwrap_or("?"),
+                c["profile"].as_str().unwrap_or("?")
+            ),
+            b,
+            ratio(b, f(&ideal["bytes_per_conn"])),
+            f(&c["handshakes_per_s"]),
+            f(&c["fast_connects_per_s"]),
+        );
+    }
+    let d = &r["delivery"];
+    let lat = |v: &Value| {
+        format!(
+            "p50 {} us, p99 {} us, p999 {} us",
+            v["p50_us"], v["p99_us"], v["p999_us"]
+        )
+    };
+    let iu = f(&ideal["delivery"]["unicast"]["per_s"]);
+    let ib = f(&ideal["delivery"]["broadcast"]["per_s"]);
+    println!(
+        "unicast, batch API: {:.0} msg/s ({:.2} x ideal {:.0}); {}",
+        f(&d["batch"]["per_s"]),
+        ratio(f(&d["batch"]["per_s"]), iu),
+        iu,
+        lat(&d["batch"]["latency"])
+    );
+    println!(
+        "unicast, single API: {:.0} msg/s ({:.2} x ideal); {}",
+        f(&d["single"]["per_s"]),
+        ratio(f(&d["single"]["per_s"]), iu),
+        lat(&d["single"]["latency"])
+    );
+    println!(
+        "unicast, paced at {}/s for {} s: {}",
+        d["paced"]["rate"],
+        d["paced"]["seconds"],
+        lat(&d["paced"]["latency"])
+    );
+    println!(
+        "broadcast: {:.0} msg/s ({:.2} x ideal {:.0}); {}",
+        f(&d["broadcast"]["per_s"]),
+        ratio(f(&d["broadcast"]["per_s"]), ib),
+        ib,
+        lat(&d["broadcast"]["latency"])
+    );
+}
+
+pub async fn run(a: RunArgs) -> Result<()> {
+    let me = std::env::current_exe()?;
+    let bin = match &a.server_bin {
+        Some(b) => b.clone(),
+        None => me.with_file_name("mpush-server"),
+    };
+    if !bin.exists() {
+        bail!(
+            "no server binary at {} (cargo build --release -p mpush-server, or --server-bin)",
+            bin.display()
+        );
+    }
+    let s = if a.quick {
+        Sizes {
+            conns: a.conns.unwrap_or(500),
+            batch_msgs: 5_000,
+            single_msgs: 1_000,
+            paced_rate: 2_000,
+            paced_secs: 1,
+            broadcasts: 3,
+            timeout: Duration::from_secs(60),
+        }
+    } else {
+        Sizes {
+            conns: a.conns.unwrap_or(10_000),
+            batch_msgs: 200_000,
+            single_msgs: 20_000,
+            paced_rate: 20_000,
+            paced_secs: 3,
+            broadcasts: 20,
+            timeout: Duration::from_secs(300),
+        }
+    };
+    let started = Instant::now();
+    eprintln!("ideal server: {} connections", s.conns);
+    let (mut ideal, mut iw, ideal_bytes) = ideal_memory(&me, &s).await?;
+    let ideal_delivery = ideal_delivery(&mut ideal, &mut iw, &s).await?;
+    iw.quit().await;
+    drop(ideal);
+    let mut conns = Vec::new();
+    for (t, legacy) in [
+        (Transport::Tcp, false),
+        (Transport::Tcp, true),
+        (Transport::Ws, false),
+        (Transport::Ws, true),
+    ] {
+        eprintln!(
+            "connections: {t:?} {}",
+            if legacy { "legacy" } else { "v2" }
+        );
+        conns.push(connections(&me, &bin, &s, t, legacy).await?);
+    }
+    eprintln!("delivery: unicast and broadcast");
+    let delivery = delivery(&me, &bin, &s).await?;
+    let report = json!({
+        "quick": a.quick,
+        "conns": s.conns,
+        "seconds": started.elapsed().as_secs_f64(),
+        "ideal": {"bytes_per_conn": ideal_bytes, "delivery": ideal_delivery},
+        "connections": conns,
+        "delivery": delivery,
+    });
+    print_report(&report);
+    if let Some(p) = &a.json {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        eprintln!("figures: {}", p.display());
+    }
+    println!(
+        "mpush-bench: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! A load process: holds up to ~19,990 client connections (this machine's
+//! per-process file limit) from the given loopback source addresses, each a
+//! real protocol client (RSA handshake or fast connect, bind, dedup, ACKs),
+//! or a raw client of the ideal server. Driven over stdin/stdout in JSON lines
+//! by `run`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use hdrhistogram::Histogram;
+use hdrhistogram::serialization::{Serializer, V2Serializer};
+use mpush_protocol::Instant;
+use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::crypto::RsaPublic;
+use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::session::{DeviceInfo, ResumeTicket};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Transport {
+    Tcp,
+    Ws,
+    /// The ideal server's raw framing (4-byte length + payload).
+    Ideal,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// `host:port` of the gateway (or the ideal server).
+    #[arg(long)]
+    pub target: String,
+    #[arg(long, value_enum)]
+    pub transport: Transport,
+    /// Speak only the legacy mpush 0.8.1 profile.
+    #[arg(long)]
+    pub legacy: bool,
+    #[arg(long)]
+    pub conns: usize,
+    /// Users are `u<first>` .. `u<first + conns - 1>`.
+    #[arg(long, default_value_t = 0)]
+    pub first: usize,
+    /// Source addresses, comma-separated (about 28k ports each).
+    #[arg(long, value_delimiter = ',')]
+    pub src: Vec<IpAddr>,
+    /// Handshakes in flight at once.
+    #[arg(long, default_value_t = 128)]
+    pub concurrency: usize,
+}
+
+/// The timestamp the sender put at the start of a message: `T<unix nanos>;`.
+pub fn stamp(len: usize) -> String {
+    let ns = now_ns();
+    let mut s = format!("T{ns};");
+    while s.len() < len {
+        s.push('x');
+    }
+    s
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn latency_us(content: &[u8]) -> Option<u64> {
+    let rest = content.strip_prefix(b"T")?;
+    let end = rest.iter().position(|b| *b == b';')?;
+    let ns: u64 = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
+    Some(now_ns().saturating_sub(ns) / 1000)
+}
+
+struct Shared {
+    received: AtomicU64,
+    bound: AtomicU64,
+    failed: AtomicU64,
+    resumed: AtomicU64,
+    connected: AtomicU64,
+    hist: Mutex<Histogram<u64>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn record(&self, content: &[u8]) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        if let Some(us) = latency_us(content)
+            && let Ok(mut h) = self.hist.lock()
+        {
+            let _ = h.record(us.max(1));
+        }
+    }
+
+    fn fail(&self, e: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut v) = self.errors.lock()
+            && v.len() < 5
+        {
+            v.push(e);
+        }
+    }
+}
+
+enum Io {
+    Tcp(TcpStream),
+    Ws(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
+}
+
+impl Io {
+    async fn open(args: &WorkerArgs, src: IpAddr) -> Result<Self> {
+        let addr: SocketAddr = args.target.parse().context("target")?;
+        let sock = TcpSocket::new_v4()?;
+        sock.bind(SocketAddr::new(src, 0))?;
+        let s = sock.connect(addr).await?;
+        s.set_nodelay(true)?;
+        match args.transport {
+            Transport::Ws => {
+                let url = format!("ws://{}/", args.target);
+                let (ws, _) =
+                    tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(s)).await?;
+                Ok(Self::Ws(Box::new(ws)))
+            }
+            _ => Ok(Self::Tcp(s)),
+        }
+    }
+
+    async fn send(&mut self, b: Bytes) -> Result<()> {
+        match self {
+            Self::Tcp(s) => s.write_all(&b).await?,
+            Self::Ws(ws) => ws.send(WsMessage::Binary(b)).await?,
+        }
+        Ok(())
+    }
+
+    /// `None` at the end of the stream.
+    async fn recv(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>> {
+        match self {
+            Self::Tcp(s) => {
+                let n = s.read(buf).await?;
+                Ok((n > 0).then(|| Bytes::copy_from_slice(&buf[..n])))
+            }
+            Self::Ws(ws) => loop {
+                match ws.next().await {
+                    None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
+                    Some(Ok(WsMessage::Binary(b))) => return Ok(Some(b)),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(e.into()),
+                }
+            },
+        }
+    }
+}
+
+/// One protocol client: connect (fast connect when it has a ticket), bind,
+/// count messages; on each `reconnect` round, drop the socket and come back.
+async fn protocol_client(
+    i: usize,
+    args: Arc<WorkerArgs>,
+    shared: Arc<Shared>,
+    gate: Arc<Semaphore>,
+    mut rounds: watch::Receiver<u64>,
+) {
+    let src = args.src[(i / 20_000) % args.src.len().max(1)];
+    let user = format!("u{}", args.first + i);
+    let device = DeviceInfo {
+        device_id: format!("bench-{}", args.first + i),
+        os_name: "android".into(),
+        os_version: "14".into(),
+        client_version: "bench".into(),
+    };
+    let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
+    cfg.offer_v2 = !args.legacy;
+    cfg.handshake_timeout = Duration::from_secs(60);
+    cfg.bind_timeout = Duration::from_secs(60);
+    let cfg = Arc::new(cfg);
+    let mut ticket: Option<ResumeTicket> = None;
+    let mut dedup = DedupWindow::new(64);
+    let mut buf = vec![0u8; 4096];
+    let mut round = *rounds.borrow_and_update();
+    loop {
+        let permit = gate.clone().acquire_owned().await.ok();
+        let mut permit = permit;
+        let mut io = match Io::open(&args, src).await {
+            Ok(io) => io,
+            Err(e) => return shared.fail(format!("connect: {e}")),
+        };
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&((args.first + i) as u64).to_le_bytes());
+        seed[8..16].copy_from_slice(&round.to_le_bytes());
+        let mut m = ClientConnection::new(
+            cfg.clone(),
+            seed,
+            Instant::now(),
+            (now_ns() / 1_000_000) as i64,
+            ticket.clone(),
+            std::mem::take(&mut dedup),
+        );
+        let next = 'conn: loop {
+            while let Some(e) = m.poll_event() {
+                match e {
+                    ClientEvent::Connected {
+                        ticket: t, resumed, ..
+                    } => {
+                        if let Some(t) = t {
+                            ticket = Some(t);
+                        }
+                        shared.connected.fetch_add(1, Ordering::Relaxed);
+                        if resumed {
+                            shared.resumed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = m.bind(&user, "", "", Instant::now());
+                    }
+                    ClientEvent::BindOk { .. } if permit.take().is_some() => {
+                        shared.bound.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ClientEvent::Message(msg) => shared.record(&msg.content),
+                    ClientEvent::Closed { reason, .. } => {
+                        shared.fail(format!("closed: {reason:?}"));
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+            while let Some(b) = m.poll_transmit() {
+                if let Err(e) = io.send(b).await {
+                    shared.fail(format!("send: {e}"));
+                    return;
+                }
+            }
+            let deadline = m.poll_timeout();
+            tokio::select! {
+                r = io.recv(&mut buf) => match r {
+                    Ok(Some(b)) => m.handle_input(&b, Instant::now()),
+                    Ok(None) => { shared.fail("closed by the server".into()); return; }
+                    Err(e) => { shared.fail(format!("recv: {e}")); return; }
+                },
+                _ = async {
+                    match deadline {
+                        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+                        None => std::future::pending().await,
+                    }
+                } => m.handle_timeout(Instant::now()),
+                r = rounds.changed() => {
+                    if r.is_err() { return; }
+                    break 'conn *rounds.borrow_and_update();
+                }
+            }
+        };
+        dedup = m.take_dedup();
+        drop(io);
+        round = next;
+    }
+}
+
+/// One client of the ideal server: count length-prefixed frames.
+async fn ideal_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate: Arc<Semaphore>) {
+    let src = args.src[(i / 20_000) % args.src.len().max(1)];
+    let permit = gate.acquire_owned().await.ok();
+    let mut io = match Io::open(&args, src).await {
+        Ok(Io::Tcp(s)) => s,
+        Ok(_) => return,
+        Err(e) => return shared.fail(format!("connect: {e}")),
+    };
+    shared.bound.fetch_add(1, Ordering::Relaxed);
+    drop(permit);
+    let mut buf = bytes::BytesMut::with_capacity(4096);
+    loop {
+        match io.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        while buf.len() >= 4 {
+            let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() < 4 + len {
+                break;
+            }
+            let frame = buf.split_to(4 + len);
+            shared.record(&frame[4..]);
+        }
+    }
+}
+
+fn stats(shared: &Shared) -> serde_json::Value {
+    let hist = shared
+        .hist
+        .lock()
+        .map(|mut h| {
+            let mut out = Vec::new();
+            let _ = V2Serializer::new().serialize(&h, &mut out);
+            h.reset();
+            out
+        })
+        .unwrap_or_default();
+    json!({
+        "event": "stats",
+        "received": shared.received.load(Ordering::Relaxed),
+        "bound": shared.bound.load(Ordering::Relaxed),
+        "connected": shared.connected.load(Ordering::Relaxed),
+        "resumed": shared.resumed.load(Ordering::Relaxed),
+        "failed": shared.failed.load(Ordering::Relaxed),
+        "errors": shared.errors.lock().map(|v| v.clone()).unwrap_or_default(),
+        "hist": hist.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+    })
+}
+
+/// Runs the worker: opens the connections, then answers `stats`,
+/// `reconnect` and `quit` on stdin with JSON lines on stdout.
+pub async fn run(args: WorkerArgs) -> Result<()> {
+    let args = Arc::new(args);
+    let shared = Arc::new(Shared {
+        received: AtomicU64::new(0),
+        bound: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        resumed: AtomicU64::new(0),
+        connected: AtomicU64::new(0),
+        hist: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+        errors: Mutex::new(Vec::new()),
+    });
+    let gate = Arc::new(Semaphore::new(args.concurrency.max(1)));
+    let (round_tx, round_rx) = watch::channel(0u64);
+    for i in 0..args.conns {
+        let (a, s, g) = (args.clone(), shared.clone(), gate.clone());
+        if args.transport == Transport::Ideal {
+            tokio::spawn(ideal_client(i, a, s, g));
+        } else {
+            tokio::spawn(protocol_client(i, a, s, g, round_rx.clone()));
+        }
+    }
+    let mut out = tokio::io::stdout();
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        let reply = match line.trim() {
+            "stats" => stats(&shared),
+            "reconnect" => {
+                round_tx.send_modify(|r| *r += 1);
+                json!({"event": "reconnecting"})
+            }
+            "quit" => break,
+            other => json!({"event": "error", "message": format!("unknown command {other}")}),
+        };
+        out.write_all(format!("{reply}\n").as_bytes()).await?;
+        out.flush().await?;
+    }
+    Ok(())
+}
