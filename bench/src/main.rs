@@ -7,6 +7,7 @@
 //! the ideal server's, as text and JSON.
 
 mod ideal;
+mod report;
 mod run;
 mod worker;
 

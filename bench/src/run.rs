@@ -19,6 +19,7 @@ use crate::worker::{Transport, stamp};
 /// Sockets per worker process (the limit is 20,000 open files per process).
 const PER_WORKER: usize = 19_000;
 const PAYLOAD: usize = 64;
+const QUANTILES: [f64; 9] = [0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999];
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -31,6 +32,9 @@ pub struct RunArgs {
     /// Also write the figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
     /// The server binary (default: `mpush-server` next to this one).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
@@ -97,26 +101,64 @@ struct Server {
     api: String,
 }
 
-async fn start_server(bin: &Path) -> Result<Server> {
-    let (tcp, ws, http) = (free_port()?, free_port()?, free_port()?);
-    let child = Command::new(bin)
-        .args([
-            "--tcp",
-            &format!("127.0.0.1:{tcp}"),
-            "--ws",
-            &format!("127.0.0.1:{ws}"),
-            "--http",
-            &format!("127.0.0.1:{http}"),
-        ])
-        .env("MPUSH__LIMITS__HANDSHAKES_PER_IP", "10000000")
-        .env("MPUSH__LIMITS__MAX_CONNECTIONS", "200000")
-        .env("MPUSH__DELIVERY__PUSH_RATE", "100000000")
-        .env("MPUSH__DELIVERY__BROADCAST_RATE", "100000000")
-        .env("MPUSH__NET__DEMO_DIR", "")
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
+/// A throwaway redis-server for cluster scenarios.
+struct Redis {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+async fn start_redis() -> Result<Redis> {
+    let port = free_port()?;
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no", "--maxclients", "10000"])
         .stdout(Stdio::null())
         .kill_on_drop(true)
+        .spawn()
+        .context("redis-server (apt-get install redis-server)")?;
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(Redis {
+                _child: child,
+                url: format!("redis://127.0.0.1:{port}/"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("redis-server did not listen")
+}
+
+/// One server process; in a cluster, node `id` on `redis`.
+async fn start_server(bin: &Path, cluster: Option<(&Redis, &str)>) -> Result<Server> {
+    let (tcp, ws, http) = (free_port()?, free_port()?, free_port()?);
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--tcp",
+        &format!("127.0.0.1:{tcp}"),
+        "--ws",
+        &format!("127.0.0.1:{ws}"),
+        "--http",
+        &format!("127.0.0.1:{http}"),
+    ])
+    .env("MPUSH__LIMITS__HANDSHAKES_PER_IP", "10000000")
+    .env("MPUSH__LIMITS__MAX_CONNECTIONS", "200000")
+    .env("MPUSH__DELIVERY__PUSH_RATE", "100000000")
+    .env("MPUSH__DELIVERY__BROADCAST_RATE", "100000000")
+    .env("MPUSH__DELIVERY__BROADCAST_MAX", "1000000")
+    .env("MPUSH__NET__DEMO_DIR", "")
+    .env("RUST_LOG", "error")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .kill_on_drop(true);
+    if let Some((redis, id)) = cluster {
+        cmd.args(["--redis", &redis.url])
+            .env("MPUSH__CLUSTER__NODE_ID", id)
+            .env("MPUSH__CLUSTER__INTERNAL", "127.0.0.1:0");
+    }
+    let child = cmd
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let api = format!("http://127.0.0.1:{http}");
@@ -171,36 +213,41 @@ struct Workers {
 }
 
 impl Workers {
+    /// Spreads `conns` over worker processes (at most `PER_WORKER` each, one
+    /// source address each), the workers over `targets` round-robin.
     async fn start(
         me: &Path,
-        target: &str,
+        targets: &[String],
         transport: Transport,
         legacy: bool,
         conns: usize,
         first_user: usize,
     ) -> Result<Self> {
+        let count = conns.div_ceil(PER_WORKER).max(targets.len()).max(1);
         let mut procs = Vec::new();
         let mut first = 0;
-        let mut w = 0;
-        while first < conns {
-            let n = PER_WORKER.min(conns - first);
-            let src = format!("127.0.0.{}", 2 + w);
+        for w in 0..count {
+            let n = (conns - first) / (count - w);
             let mut cmd = Command::new(me);
-            cmd.args(["worker", "--target", target, "--transport"])
-                .arg(match transport {
-                    Transport::Tcp => "tcp",
-                    Transport::Ws => "ws",
-                    Transport::Ideal => "ideal",
-                })
-                .args(["--conns", &n.to_string()])
-                .args(["--first", &(first_user + first).to_string()])
-                .args(["--src", &src]);
+            cmd.args([
+                "worker",
+                "--target",
+                &targets[w % targets.len()],
+                "--transport",
+            ])
+            .arg(match transport {
+                Transport::Tcp => "tcp",
+                Transport::Ws => "ws",
+                Transport::Ideal => "ideal",
+            })
+            .args(["--conns", &n.to_string()])
+            .args(["--first", &(first_user + first).to_string()])
+            .args(["--src", &format!("127.0.0.{}", 2 + w)]);
             if legacy {
                 cmd.arg("--legacy");
             }
             procs.push(Proc::spawn(cmd)?);
             first += n;
-            w += 1;
         }
         Ok(Self {
             procs,
@@ -277,6 +324,10 @@ impl Workers {
                 "p99_us": h.value_at_quantile(0.99),
                 "p999_us": h.value_at_quantile(0.999),
                 "max_us": h.max(),
+                "quantiles": QUANTILES
+                    .iter()
+                    .map(|q| json!([q, h.value_at_quantile(*q)]))
+                    .collect::<Vec<_>>(),
             })
         };
         self.hist.reset();
@@ -300,6 +351,8 @@ struct Sizes {
     paced_rate: usize,
     paced_secs: u64,
     broadcasts: usize,
+    /// Broadcast scaling points: (connections, server processes).
+    scale: Vec<(usize, usize)>,
     timeout: Duration,
 }
 
@@ -316,7 +369,7 @@ async fn connections(
     transport: Transport,
     legacy: bool,
 ) -> Result<Value> {
-    let server = start_server(bin).await?;
+    let server = start_server(bin, None).await?;
     let pid = server.child.id().unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kb(pid);
@@ -326,7 +379,15 @@ async fn connections(
         &server.tcp
     };
     let t0 = Instant::now();
-    let mut w = Workers::start(me, target, transport, legacy, s.conns, 0).await?;
+    let mut w = Workers::start(
+        me,
+        std::slice::from_ref(target),
+        transport,
+        legacy,
+        s.conns,
+        0,
+    )
+    .await?;
     let n = s.conns as u64;
     w.wait("handshake and bind", s.timeout, |t| t.bound >= n)
         .await?;
@@ -357,7 +418,15 @@ async fn ideal_memory(me: &Path, s: &Sizes) -> Result<(Ideal, Workers, f64)> {
     let pid = ideal.proc.pid();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kb(pid);
-    let mut w = Workers::start(me, &ideal.addr, Transport::Ideal, false, s.conns, 0).await?;
+    let mut w = Workers::start(
+        me,
+        std::slice::from_ref(&ideal.addr),
+        Transport::Ideal,
+        false,
+        s.conns,
+        0,
+    )
+    .await?;
     let n = s.conns as u64;
     w.wait("ideal connections", s.timeout, |t| t.bound >= n)
         .await?;
@@ -380,8 +449,16 @@ async fn post(client: &reqwest::Client, url: &str, body: Value) -> Result<()> {
 
 /// Scenario 3 and 4 on one server: unicast (batch, single, paced) and broadcast.
 async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
-    let server = start_server(bin).await?;
-    let mut w = Workers::start(me, &server.tcp, Transport::Tcp, false, s.conns, 0).await?;
+    let server = start_server(bin, None).await?;
+    let mut w = Workers::start(
+        me,
+        std::slice::from_ref(&server.tcp),
+        Transport::Tcp,
+        false,
+        s.conns,
+        0,
+    )
+    .await?;
     let n = s.conns as u64;
     w.wait("bind", s.timeout, |t| t.bound >= n).await?;
     w.totals().await?;
@@ -500,6 +577,129 @@ async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     }))
 }
 
+const NODE_IDS: [&str; 6] = ["A", "B", "C", "D", "E", "F"];
+
+/// Scenario 4 at a scale: `broadcasts` broadcasts to `n` connections over
+/// `nodes` server processes (a cluster on Redis when more than one: the
+/// broadcast crosses nodes), and the same over as many ideal processes.
+async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) -> Result<Value> {
+    let redis = if nodes > 1 {
+        Some(start_redis().await?)
+    } else {
+        None
+    };
+    let mut servers = Vec::new();
+    for id in NODE_IDS.iter().take(nodes) {
+        servers.push(start_server(bin, redis.as_ref().map(|r| (r, *id))).await?);
+    }
+    let targets: Vec<String> = servers.iter().map(|x| x.tcp.clone()).collect();
+    let mut w = Workers::start(me, &targets, Transport::Tcp, false, n, 0).await?;
+    w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+    // Every node must see the others before a broadcast fans out to them.
+    tokio::time::sleep(Duration::from_millis(if nodes > 1 { 2000 } else { 200 })).await;
+    let http = reqwest::Client::new();
+    let base = w.totals().await?.received;
+    w.take_latency();
+    let t0 = Instant::now();
+    for _ in 0..s.broadcasts {
+        post(
+            &http,
+            &format!("{}/api/v1/broadcast", servers[0].api),
+            json!({"content": stamp(PAYLOAD)}),
+        )
+        .await?;
+    }
+    let want = base + (s.broadcasts * n) as u64;
+    w.wait("broadcast deliveries", s.timeout, |t| t.received >= want)
+        .await?;
+    let per_s = (s.broadcasts * n) as f64 / t0.elapsed().as_secs_f64();
+    let latency = w.take_latency();
+    w.quit().await;
+    drop(servers);
+    drop(redis);
+
+    let mut ideals = Vec::new();
+    for _ in 0..nodes {
+        ideals.push(start_ideal(me).await?);
+    }
+    let addrs: Vec<String> = ideals.iter().map(|i| i.addr.clone()).collect();
+    let mut iw = Workers::start(me, &addrs, Transport::Ideal, false, n, 0).await?;
+    iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
+        .await?;
+    let base = iw.totals().await?.received;
+    iw.take_latency();
+    let t0 = Instant::now();
+    let cmd = format!("broadcast {} {PAYLOAD}", s.broadcasts);
+    futures_util::future::try_join_all(ideals.iter_mut().map(|i| i.proc.ask(&cmd, s.timeout)))
+        .await?;
+    let want = base + (s.broadcasts * n) as u64;
+    iw.wait("ideal broadcast", s.timeout, |t| t.received >= want)
+        .await?;
+    let ideal_per_s = (s.broadcasts * n) as f64 / t0.elapsed().as_secs_f64();
+    let ideal_latency = iw.take_latency();
+    iw.quit().await;
+    Ok(json!({
+        "conns": n,
+        "nodes": nodes,
+        "broadcasts": s.broadcasts,
+        "per_s": per_s,
+        "latency": latency,
+        "ideal_per_s": ideal_per_s,
+        "ideal_latency": ideal_latency,
+    }))
+}
+
+/// Scenario 5: three nodes on one Redis; the clients on B and C, every push
+/// through A's batch API, so each one crosses nodes.
+async fn cluster_unicast(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let redis = start_redis().await?;
+    let mut servers = Vec::new();
+    for id in ["A", "B", "C"] {
+        servers.push(start_server(bin, Some((&redis, id))).await?);
+    }
+    let targets = vec![servers[1].tcp.clone(), servers[2].tcp.clone()];
+    let mut w = Workers::start(me, &targets, Transport::Tcp, false, s.conns, 0).await?;
+    let n = s.conns as u64;
+    w.wait("bind", s.timeout, |t| t.bound >= n).await?;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let base = w.totals().await?.received;
+    w.take_latency();
+    let http = reqwest::Client::new();
+    let batch = 1000.min(s.conns);
+    let requests = s.batch_msgs.div_ceil(batch);
+    let gate = Arc::new(Semaphore::new(8));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for r in 0..requests {
+        let users: Vec<String> = (r * batch..(r + 1) * batch)
+            .map(|k| format!("u{}", k % s.conns))
+            .collect();
+        let (http, url) = (
+            http.clone(),
+            format!("{}/api/v1/push/batch", servers[0].api),
+        );
+        let permit = gate.clone().acquire_owned().await?;
+        let body = json!({"userIds": users, "content": stamp(PAYLOAD)});
+        tasks.push(tokio::spawn(async move {
+            let r = post(&http, &url, body).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let want = base + (requests * batch) as u64;
+    w.wait("cross-node deliveries", s.timeout, |t| t.received >= want)
+        .await?;
+    let per_s = (requests * batch) as f64 / t0.elapsed().as_secs_f64();
+    let latency = w.take_latency();
+    w.quit().await;
+    Ok(
+        json!({"nodes": 3, "conns": s.conns, "messages": requests * batch, "per_s": per_s, "latency": latency}),
+    )
+}
+
 /// The ideal server's unicast and broadcast rates on the same connections.
 async fn ideal_delivery(ideal: &mut Ideal, w: &mut Workers, s: &Sizes) -> Result<Value> {
     w.totals().await?;
@@ -601,6 +801,24 @@ fn print_report(r: &Value) {
         ib,
         lat(&d["broadcast"]["latency"])
     );
+    for b in r["broadcast_scale"].as_array().into_iter().flatten() {
+        println!(
+            "broadcast to {} connections on {} process(es): {:.0} msg/s ({:.2} x ideal {:.0}); {}",
+            b["conns"],
+            b["nodes"],
+            f(&b["per_s"]),
+            ratio(f(&b["per_s"]), f(&b["ideal_per_s"])),
+            f(&b["ideal_per_s"]),
+            lat(&b["latency"])
+        );
+    }
+    let c = &r["cluster"];
+    println!(
+        "cluster, 3 nodes, every push crossing nodes: {:.0} msg/s ({:.2} x ideal unicast); {}",
+        f(&c["per_s"]),
+        ratio(f(&c["per_s"]), iu),
+        lat(&c["latency"])
+    );
 }
 
 pub async fn run(a: RunArgs) -> Result<()> {
@@ -623,6 +841,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             paced_rate: 2_000,
             paced_secs: 1,
             broadcasts: 3,
+            scale: vec![(200, 1), (600, 3)],
             timeout: Duration::from_secs(60),
         }
     } else {
@@ -633,6 +852,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             paced_rate: 20_000,
             paced_secs: 3,
             broadcasts: 20,
+            scale: vec![(1_000, 1), (10_000, 1), (50_000, 3)],
             timeout: Duration::from_secs(300),
         }
     };
@@ -657,6 +877,13 @@ pub async fn run(a: RunArgs) -> Result<()> {
     }
     eprintln!("delivery: unicast and broadcast");
     let delivery = delivery(&me, &bin, &s).await?;
+    let mut scale = Vec::new();
+    for &(n, nodes) in &s.scale {
+        eprintln!("broadcast: {n} connections on {nodes} server process(es)");
+        scale.push(broadcast_at(&me, &bin, &s, n, nodes).await?);
+    }
+    eprintln!("cluster: cross-node unicast");
+    let cluster = cluster_unicast(&me, &bin, &s).await?;
     let report = json!({
         "quick": a.quick,
         "conns": s.conns,
@@ -664,8 +891,28 @@ pub async fn run(a: RunArgs) -> Result<()> {
         "ideal": {"bytes_per_conn": ideal_bytes, "delivery": ideal_delivery},
         "connections": conns,
         "delivery": delivery,
+        "broadcast_scale": scale,
+        "cluster": cluster,
     });
     print_report(&report);
+    println!("\ntargets:");
+    for t in crate::report::targets(&report) {
+        println!(
+            "  {:<60} {:>12.2} {:<6} {}",
+            t.name,
+            t.measured,
+            t.unit,
+            t.verdict()
+        );
+    }
+    if let Some(md) = &a.report {
+        let command = format!(
+            "cargo build --release -p mpush-server -p mpush-bench\ntarget/release/mpush-bench run{} --report BENCHMARKS.md",
+            if a.quick { " --quick" } else { "" }
+        );
+        crate::report::write(&report, md, &command)?;
+        eprintln!("report: {}", md.display());
+    }
     if let Some(p) = &a.json {
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir)?;

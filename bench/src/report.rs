@@ -1,0 +1,542 @@
+//! The figures against the targets, `BENCHMARKS.md` and its SVG charts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::Value;
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+/// One target of the issue: what was measured, against what.
+pub struct Target {
+    pub name: String,
+    pub measured: f64,
+    pub target: f64,
+    /// True when more is better.
+    pub at_least: bool,
+    pub unit: &'static str,
+}
+
+impl Target {
+    pub fn met(&self) -> bool {
+        if self.at_least {
+            self.measured >= self.target
+        } else {
+            self.measured <= self.target
+        }
+    }
+
+    /// "met", or how far off as a factor.
+    pub fn verdict(&self) -> String {
+        if self.met() {
+            "met".into()
+        } else if self.at_least && self.measured > 0.0 {
+            format!("missed: {:.2}x short", self.target / self.measured)
+        } else if self.target > 0.0 {
+            format!("missed: {:.2}x over", self.measured / self.target)
+        } else {
+            "missed".into()
+        }
+    }
+}
+
+pub fn targets(r: &Value) -> Vec<Target> {
+    let mut t = Vec::new();
+    for c in r["connections"].as_array().into_iter().flatten() {
+        let ws = c["transport"] == "Ws";
+        t.push(Target {
+            name: format!(
+                "memory per idle bound connection, {} {}",
+                if ws { "WebSocket" } else { "TCP" },
+                c["profile"].as_str().unwrap_or("?")
+            ),
+            measured: f(&c["bytes_per_conn"]),
+            target: if ws { 6144.0 } else { 4096.0 },
+            at_least: false,
+            unit: "B",
+        });
+    }
+    if let Some(c) = r["connections"].as_array().and_then(|a| a.first()) {
+        t.push(Target {
+            name: "full handshakes per second (TCP v2)".into(),
+            measured: f(&c["handshakes_per_s"]),
+            target: 3000.0,
+            at_least: true,
+            unit: "/s",
+        });
+        t.push(Target {
+            name: "fast connects per second (TCP v2)".into(),
+            measured: f(&c["fast_connects_per_s"]),
+            target: 20_000.0,
+            at_least: true,
+            unit: "/s",
+        });
+    }
+    let d = &r["delivery"];
+    t.push(Target {
+        name: "unicast through the batch API".into(),
+        measured: f(&d["batch"]["per_s"]),
+        target: 300_000.0,
+        at_least: true,
+        unit: "msg/s",
+    });
+    t.push(Target {
+        name: format!(
+            "p99 latency at {}/s (API call to client receipt)",
+            d["paced"]["rate"]
+        ),
+        measured: f(&d["paced"]["latency"]["p99_us"]) / 1000.0,
+        target: 5.0,
+        at_least: false,
+        unit: "ms",
+    });
+    // Broadcast at 10k connections on one process (the largest one-process point).
+    if let Some(b) = r["broadcast_scale"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["nodes"] == 1)
+        .max_by_key(|b| b["conns"].as_u64().unwrap_or(0))
+    {
+        t.push(Target {
+            name: format!("broadcast fan-out vs the ideal, {} connections", b["conns"]),
+            measured: f(&b["per_s"]) / f(&b["ideal_per_s"]).max(1.0),
+            target: 0.6,
+            at_least: true,
+            unit: "x ideal",
+        });
+    }
+    t
+}
+
+// ----- SVG charts (hand-drawn: lines, log axes, a legend) -------------------
+
+pub struct Series {
+    pub name: String,
+    pub color: &'static str,
+    pub points: Vec<(f64, f64)>,
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A line chart; both axes logarithmic (base 10) when `log` is set for them.
+pub fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    log_x: bool,
+    log_y: bool,
+    x_ticks: &[(f64, &str)],
+) -> String {
+    let (w, h, left, right, top, bottom) = (720.0, 420.0, 80.0, 180.0, 40.0, 60.0);
+    let tx = |v: f64| if log_x { v.max(1e-9).log10() } else { v };
+    let ty = |v: f64| if log_y { v.max(1e-9).log10() } else { v };
+    let pts = || series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1) = (f64::MAX, f64::MIN);
+    let (mut y0, mut y1) = (f64::MAX, f64::MIN);
+    for &(x, y) in pts() {
+        x0 = x0.min(tx(x));
+        x1 = x1.max(tx(x));
+        y0 = y0.min(ty(y));
+        y1 = y1.max(ty(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if log_y {
+        y0 = y0.floor();
+        y1 = y1.ceil().max(y0 + 1.0);
+    } else {
+        y0 = 0.0;
+        y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+    }
+    if (x1 - x0).abs() < 1e-9 {
+        x1 = x0 + 1.0;
+    }
+    let px = |x: f64| left + (tx(x) - x0) / (x1 - x0) * (w - left - right);
+    let py = |y: f64| h - bottom - (ty(y) - y0) / (y1 - y0) * (h - top - bottom);
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="24" font-size="15" font-weight="bold">{}</text>"#,
+        left,
+        esc(title)
+    );
+    // Axes, grid and ticks.
+    let (ax0, ax1, ay0, ay1) = (left, w - right, h - bottom, top);
+    let _ = writeln!(
+        o,
+        r##"<path d="M{ax0},{ay1} L{ax0},{ay0} L{ax1},{ay0}" stroke="#333" fill="none"/>"##
+    );
+    let y_ticks: Vec<f64> = if log_y {
+        (y0 as i32..=y1 as i32).map(|e| 10f64.powi(e)).collect()
+    } else {
+        (0..=5).map(|k| y1 * k as f64 / 5.0).collect()
+    };
+    for v in y_ticks {
+        let y = py(v);
+        let label = if v >= 1_000_000.0 {
+            format!("{}M", v / 1_000_000.0)
+        } else if v >= 1000.0 {
+            format!("{}k", v / 1000.0)
+        } else {
+            format!("{v:.0}")
+        };
+        let _ = writeln!(
+            o,
+            r##"<line x1="{ax0}" y1="{y:.1}" x2="{ax1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
+            ax0 - 6.0,
+            y + 4.0
+        );
+    }
+    for &(v, label) in x_ticks {
+        let x = px(v);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{x:.1}" y1="{ay0}" x2="{x:.1}" y2="{}" stroke="#333"/><text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            ay0 + 5.0,
+            ay0 + 20.0,
+            esc(label)
+        );
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        (ax0 + ax1) / 2.0,
+        h - 15.0,
+        esc(x_label)
+    );
+    let _ = writeln!(
+        o,
+        r#"<text transform="translate(18,{}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (ay0 + ay1) / 2.0,
+        esc(y_label)
+    );
+    for (i, s) in series.iter().enumerate() {
+        let d: Vec<String> = s
+            .points
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        if !d.is_empty() {
+            let _ = writeln!(
+                o,
+                r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
+                d.join(" "),
+                s.color
+            );
+            for p in &d {
+                let (x, y) = p.split_once(',').unwrap_or(("0", "0"));
+                let _ = writeln!(o, r#"<circle cx="{x}" cy="{y}" r="3" fill="{}"/>"#, s.color);
+            }
+        }
+        let ly = top + 20.0 + i as f64 * 20.0;
+        let lx = w - right + 15.0;
+        let _ = writeln!(
+            o,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
+            lx + 20.0,
+            s.color,
+            lx + 26.0,
+            ly + 4.0,
+            esc(&s.name)
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// "Nines" for a quantile: 0.9 → 1, 0.99 → 2, 0.999 → 3.
+fn nines(q: f64) -> f64 {
+    -(1.0 - q).max(1e-6).log10()
+}
+
+fn latency_series(name: &str, color: &'static str, v: &Value) -> Series {
+    Series {
+        name: name.into(),
+        color,
+        points: v["quantiles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((nines(p[0].as_f64()?), p[1].as_f64()?.max(1.0))))
+            .collect(),
+    }
+}
+
+pub fn latency_chart(r: &Value) -> String {
+    let d = &r["delivery"];
+    let series = vec![
+        latency_series("batch API, flat out", "#d62728", &d["batch"]["latency"]),
+        latency_series(
+            &format!("batch API, {}/s", d["paced"]["rate"]),
+            "#1f77b4",
+            &d["paced"]["latency"],
+        ),
+        latency_series("single API", "#2ca02c", &d["single"]["latency"]),
+        latency_series("broadcast", "#9467bd", &d["broadcast"]["latency"]),
+        latency_series(
+            "ideal, unicast",
+            "#7f7f7f",
+            &r["ideal"]["delivery"]["unicast"]["latency"],
+        ),
+    ];
+    line_chart(
+        "Latency, API call to client receipt",
+        "percentile",
+        "microseconds (log)",
+        &series,
+        false,
+        true,
+        &[
+            (nines(0.5), "p50"),
+            (nines(0.9), "p90"),
+            (nines(0.99), "p99"),
+            (nines(0.999), "p99.9"),
+            (nines(0.9999), "p99.99"),
+        ],
+    )
+}
+
+pub fn broadcast_chart(r: &Value) -> String {
+    let pts = |key: &str| -> Vec<(f64, f64)> {
+        r["broadcast_scale"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| (f(&b["conns"]), f(&b[key])))
+            .collect()
+    };
+    let ticks: Vec<(f64, String)> = r["broadcast_scale"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            let n = f(&b["conns"]);
+            let label = if n >= 1000.0 {
+                format!("{}k", n / 1000.0)
+            } else {
+                format!("{n}")
+            };
+            (n, format!("{label} ({}p)", b["nodes"]))
+        })
+        .collect();
+    let tick_refs: Vec<(f64, &str)> = ticks.iter().map(|(v, l)| (*v, l.as_str())).collect();
+    line_chart(
+        "Broadcast fan-out, 64-byte messages, encryption on",
+        "connections (server processes)",
+        "messages delivered per second",
+        &[
+            Series {
+                name: "mpush-server".into(),
+                color: "#d62728",
+                points: pts("per_s"),
+            },
+            Series {
+                name: "ideal server".into(),
+                color: "#7f7f7f",
+                points: pts("ideal_per_s"),
+            },
+        ],
+        true,
+        false,
+        &tick_refs,
+    )
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpu}, {cores} cores, {:.0} GiB, Linux {}; loopback only; the load clients share the machine",
+        mem_kb as f64 / 1024.0 / 1024.0,
+        kernel.trim()
+    )
+}
+
+fn lat(v: &Value) -> String {
+    if v.is_null() {
+        return "–".into();
+    }
+    format!(
+        "{:.2} / {:.2} / {:.2} ms",
+        f(&v["p50_us"]) / 1000.0,
+        f(&v["p99_us"]) / 1000.0,
+        f(&v["p999_us"]) / 1000.0
+    )
+}
+
+/// Writes `BENCHMARKS.md` (and its charts beside it in `docs/bench/`).
+pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
+    let dir = md
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("docs")
+        .join("bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("latency.svg"), latency_chart(r))?;
+    std::fs::write(dir.join("broadcast.svg"), broadcast_chart(r))?;
+    let ideal = &r["ideal"];
+    let mut o = String::new();
+    let _ = writeln!(o, "# Benchmarks\n");
+    let _ = writeln!(
+        o,
+        "Generated by `mpush-bench` (`bench/`): the release `mpush-server` and a minimal ideal tokio \
+         server (no protocol; one task and one queue per connection; queued messages coalesced into \
+         one write) measured in the same run, so every figure also stands as a ratio to what this \
+         machine can do at best. Clients are real protocol clients (RSA handshake or fast connect, \
+         bind, ACKs, dedup) in worker processes of at most 19,000 sockets each, from 127.0.0.2 and up.\n"
+    );
+    let _ = writeln!(
+        o,
+        "Regenerate (about {:.0} minutes):\n\n```sh\n{command}\n```\n",
+        (f(&r["seconds"]) / 60.0).ceil()
+    );
+    let _ = writeln!(o, "Machine: {}.\n", machine());
+    let _ = writeln!(
+        o,
+        "## Targets\n\n| target | measured | goal | verdict |\n|---|---|---|---|"
+    );
+    for t in targets(r) {
+        let _ = writeln!(
+            o,
+            "| {} | {:.2} {} | {} {} {} | {} |",
+            t.name,
+            t.measured,
+            t.unit,
+            if t.at_least { "≥" } else { "≤" },
+            t.target,
+            t.unit,
+            t.verdict()
+        );
+    }
+    let ib = f(&ideal["bytes_per_conn"]);
+    let _ = writeln!(
+        o,
+        "\n## Connections ({} per row)\n\nThe ideal server holds an idle connection in {:.0} B of userland memory (RSS delta / N).\n",
+        r["conns"], ib
+    );
+    let _ = writeln!(
+        o,
+        "| transport / profile | B per idle bound connection | × ideal | full handshakes/s | fast connects/s |\n|---|---|---|---|---|"
+    );
+    for c in r["connections"].as_array().into_iter().flatten() {
+        let b = f(&c["bytes_per_conn"]);
+        let _ = writeln!(
+            o,
+            "| {} {} | {:.0} | {:.2} | {:.0} | {:.0} |",
+            if c["transport"] == "Ws" {
+                "WebSocket"
+            } else {
+                "TCP"
+            },
+            c["profile"].as_str().unwrap_or("?"),
+            b,
+            b / ib.max(1.0),
+            f(&c["handshakes_per_s"]),
+            f(&c["fast_connects_per_s"])
+        );
+    }
+    let d = &r["delivery"];
+    let iu = f(&ideal["delivery"]["unicast"]["per_s"]);
+    let _ = writeln!(
+        o,
+        "\n## Unicast ({} connections, TCP, v2, 64-byte messages)\n\nLatency is from the API call to the client's receipt (p50 / p99 / p99.9).\n\n| path | messages/s | × ideal | latency |\n|---|---|---|---|",
+        d["conns"]
+    );
+    let _ = writeln!(
+        o,
+        "| batch API (1,000 users per request, 8 callers) | {:.0} | {:.2} | {} |",
+        f(&d["batch"]["per_s"]),
+        f(&d["batch"]["per_s"]) / iu.max(1.0),
+        lat(&d["batch"]["latency"])
+    );
+    let _ = writeln!(
+        o,
+        "| single-user API (64 callers) | {:.0} | {:.2} | {} |",
+        f(&d["single"]["per_s"]),
+        f(&d["single"]["per_s"]) / iu.max(1.0),
+        lat(&d["single"]["latency"])
+    );
+    let _ = writeln!(
+        o,
+        "| batch API paced at {}/s for {} s | – | – | {} |",
+        d["paced"]["rate"],
+        d["paced"]["seconds"],
+        lat(&d["paced"]["latency"])
+    );
+    let _ = writeln!(
+        o,
+        "| ideal server, round-robin | {:.0} | 1 | {} |",
+        iu,
+        lat(&ideal["delivery"]["unicast"]["latency"])
+    );
+    let c = &r["cluster"];
+    let _ = writeln!(
+        o,
+        "| cluster: 3 nodes on one Redis, API on A, clients on B and C | {:.0} | {:.2} | {} |",
+        f(&c["per_s"]),
+        f(&c["per_s"]) / iu.max(1.0),
+        lat(&c["latency"])
+    );
+    let _ = writeln!(
+        o,
+        "\n## Broadcast fan-out (64-byte messages, encryption on)\n\nBeyond one process's 19,990 sockets the server runs as a cluster on Redis (the broadcast crosses nodes) and the ideal as as many processes.\n\n| connections | server processes | messages/s | ideal messages/s | × ideal | latency |\n|---|---|---|---|---|---|"
+    );
+    for b in r["broadcast_scale"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {} |",
+            b["conns"],
+            b["nodes"],
+            f(&b["per_s"]),
+            f(&b["ideal_per_s"]),
+            f(&b["per_s"]) / f(&b["ideal_per_s"]).max(1.0),
+            lat(&b["latency"])
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n![latency](docs/bench/latency.svg)\n\n![broadcast](docs/bench/broadcast.svg)\n"
+    );
+    let analysis = md
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("docs")
+        .join("bench")
+        .join("analysis.md");
+    if let Ok(a) = std::fs::read_to_string(&analysis) {
+        let _ = writeln!(o, "{a}");
+    }
+    let _ = writeln!(o, "Raw figures: `docs/bench/results.json`.");
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(r)?)?;
+    std::fs::write(md, o)?;
+    Ok(())
+}
