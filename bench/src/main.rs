@@ -26,6 +26,14 @@ enum Cmd {
     Run(run::RunArgs),
     /// A load process (started by `run`).
     Worker(worker::WorkerArgs),
+    /// Rewrite the report from saved figures (after editing docs/bench/analysis.md).
+    Report {
+        /// The figures of a run (`docs/bench/results.json`).
+        #[arg(long, default_value = "docs/bench/results.json")]
+        from: std::path::PathBuf,
+        #[arg(long, default_value = "BENCHMARKS.md")]
+        out: std::path::PathBuf,
+    },
     /// The minimal ideal server (started by `run`).
     Ideal {
         #[arg(long)]
@@ -43,6 +51,11 @@ fn main() -> anyhow::Result<()> {
             Cmd::Run(a) => run::run(a).await,
             Cmd::Worker(a) => worker::run(a).await,
             Cmd::Ideal { addr } => ideal::run(&addr).await,
+            Cmd::Report { from, out } => {
+                let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&from)?)?;
+                let quick = r["quick"] == true;
+                report::write(&r, &out, &run::command(quick))
+            }
         }
     })
 }

@@ -19,6 +19,7 @@ use crate::worker::{Transport, stamp};
 /// Sockets per worker process (the limit is 20,000 open files per process).
 const PER_WORKER: usize = 19_000;
 const PAYLOAD: usize = 64;
+static GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const QUANTILES: [f64; 9] = [0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999];
 
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +33,10 @@ pub struct RunArgs {
     /// Also write the figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Run only these scenario groups (ideal, connections, delivery, scale,
+    /// cluster); the report needs them all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
     /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -224,6 +229,9 @@ impl Workers {
         first_user: usize,
     ) -> Result<Self> {
         let count = conns.div_ceil(PER_WORKER).max(targets.len()).max(1);
+        // Fresh source addresses for every group of workers: the ports of the
+        // previous ones are still in TIME_WAIT.
+        let group = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1;
         let mut procs = Vec::new();
         let mut first = 0;
         for w in 0..count {
@@ -242,7 +250,7 @@ impl Workers {
             })
             .args(["--conns", &n.to_string()])
             .args(["--first", &(first_user + first).to_string()])
-            .args(["--src", &format!("127.0.0.{}", 2 + w)]);
+            .args(["--src", &format!("127.0.{group}.{}", 2 + w)]);
             if legacy {
                 cmd.arg("--legacy");
             }
@@ -821,6 +829,14 @@ fn print_report(r: &Value) {
     );
 }
 
+/// The command that regenerates the report.
+pub fn command(quick: bool) -> String {
+    format!(
+        "cargo build --release -p mpush-server -p mpush-bench\ntarget/release/mpush-bench run{} --report BENCHMARKS.md",
+        if quick { " --quick" } else { "" }
+    )
+}
+
 pub async fn run(a: RunArgs) -> Result<()> {
     let me = std::env::current_exe()?;
     let bin = match &a.server_bin {
@@ -857,33 +873,50 @@ pub async fn run(a: RunArgs) -> Result<()> {
         }
     };
     let started = Instant::now();
-    eprintln!("ideal server: {} connections", s.conns);
-    let (mut ideal, mut iw, ideal_bytes) = ideal_memory(&me, &s).await?;
-    let ideal_delivery = ideal_delivery(&mut ideal, &mut iw, &s).await?;
-    iw.quit().await;
-    drop(ideal);
+    let want = |g: &str| a.only.is_empty() || a.only.iter().any(|o| o == g);
+    let (mut ideal_bytes, mut ideal_delivery_v) = (0.0, Value::Null);
+    if want("ideal") {
+        eprintln!("ideal server: {} connections", s.conns);
+        let (mut ideal, mut iw, bytes) = ideal_memory(&me, &s).await?;
+        ideal_bytes = bytes;
+        ideal_delivery_v = ideal_delivery(&mut ideal, &mut iw, &s).await?;
+        iw.quit().await;
+        drop(ideal);
+    }
     let mut conns = Vec::new();
-    for (t, legacy) in [
-        (Transport::Tcp, false),
-        (Transport::Tcp, true),
-        (Transport::Ws, false),
-        (Transport::Ws, true),
-    ] {
-        eprintln!(
-            "connections: {t:?} {}",
-            if legacy { "legacy" } else { "v2" }
-        );
-        conns.push(connections(&me, &bin, &s, t, legacy).await?);
+    if want("connections") {
+        for (t, legacy) in [
+            (Transport::Tcp, false),
+            (Transport::Tcp, true),
+            (Transport::Ws, false),
+            (Transport::Ws, true),
+        ] {
+            eprintln!(
+                "connections: {t:?} {}",
+                if legacy { "legacy" } else { "v2" }
+            );
+            conns.push(connections(&me, &bin, &s, t, legacy).await?);
+        }
     }
-    eprintln!("delivery: unicast and broadcast");
-    let delivery = delivery(&me, &bin, &s).await?;
+    let mut delivery_v = Value::Null;
+    if want("delivery") {
+        eprintln!("delivery: unicast and broadcast");
+        delivery_v = delivery(&me, &bin, &s).await?;
+    }
     let mut scale = Vec::new();
-    for &(n, nodes) in &s.scale {
-        eprintln!("broadcast: {n} connections on {nodes} server process(es)");
-        scale.push(broadcast_at(&me, &bin, &s, n, nodes).await?);
+    if want("scale") {
+        for &(n, nodes) in &s.scale {
+            eprintln!("broadcast: {n} connections on {nodes} server process(es)");
+            scale.push(broadcast_at(&me, &bin, &s, n, nodes).await?);
+        }
     }
-    eprintln!("cluster: cross-node unicast");
-    let cluster = cluster_unicast(&me, &bin, &s).await?;
+    let mut cluster = Value::Null;
+    if want("cluster") {
+        eprintln!("cluster: cross-node unicast");
+        cluster = cluster_unicast(&me, &bin, &s).await?;
+    }
+    let ideal_delivery = ideal_delivery_v;
+    let delivery = delivery_v;
     let report = json!({
         "quick": a.quick,
         "conns": s.conns,
@@ -906,11 +939,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
         );
     }
     if let Some(md) = &a.report {
-        let command = format!(
-            "cargo build --release -p mpush-server -p mpush-bench\ntarget/release/mpush-bench run{} --report BENCHMARKS.md",
-            if a.quick { " --quick" } else { "" }
-        );
-        crate::report::write(&report, md, &command)?;
+        crate::report::write(&report, md, &command(a.quick))?;
         eprintln!("report: {}", md.display());
     }
     if let Some(p) = &a.json {

@@ -120,6 +120,7 @@ impl Io {
     async fn open(args: &WorkerArgs, src: IpAddr) -> Result<Self> {
         let addr: SocketAddr = args.target.parse().context("target")?;
         let sock = TcpSocket::new_v4()?;
+        sock.set_reuseaddr(true)?;
         sock.bind(SocketAddr::new(src, 0))?;
         let s = sock.connect(addr).await?;
         s.set_nodelay(true)?;
@@ -190,6 +191,15 @@ async fn protocol_client(
     loop {
         let permit = gate.clone().acquire_owned().await.ok();
         let mut permit = permit;
+        // Each reconnect round from another source address: the previous
+        // round's ports are still in TIME_WAIT.
+        let src = match src {
+            IpAddr::V4(v4) if round > 0 => {
+                let [a, _, c, d] = v4.octets();
+                IpAddr::from([a, (round % 250) as u8 + 1, c, d])
+            }
+            other => other,
+        };
         let mut io = match Io::open(&args, src).await {
             Ok(io) => io,
             Err(e) => return shared.fail(format!("connect: {e}")),

@@ -43,6 +43,10 @@ struct TraceEntry {
     created_at_ms: i64,
     expires_at_ms: i64,
     recipients: Vec<RecipientState>,
+    /// (user, device) → index in `recipients`; a device-less offline
+    /// placeholder is under (user, ""). A broadcast records one event per
+    /// recipient: finding it must not scan them all.
+    index: HashMap<(String, String), usize>,
 }
 
 pub struct MemoryTraces {
@@ -98,6 +102,7 @@ impl TraceStore for MemoryTraces {
                 created_at_ms: at_ms,
                 expires_at_ms,
                 recipients: Vec::new(),
+                index: HashMap::new(),
             });
         let mut order = self.order.lock();
         order.push_back((expires_at_ms, trace_id.to_owned()));
@@ -113,17 +118,14 @@ impl TraceStore for MemoryTraces {
         let Some(entry) = map.get_mut(e.trace_id) else {
             return;
         };
+        let key = (e.user_id.to_owned(), e.device_id.to_owned());
         // The offline placeholder (no device) becomes the device that got it.
-        let idx = entry
-            .recipients
-            .iter()
-            .position(|r| r.user_id == e.user_id && r.device_id == e.device_id)
-            .or_else(|| {
-                entry
-                    .recipients
-                    .iter()
-                    .position(|r| r.user_id == e.user_id && r.device_id.is_empty())
-            });
+        let idx = entry.index.get(&key).copied().or_else(|| {
+            let placeholder = (e.user_id.to_owned(), String::new());
+            let i = entry.index.remove(&placeholder)?;
+            entry.index.insert(key.clone(), i);
+            Some(i)
+        });
         match idx {
             Some(i) => {
                 let r = &mut entry.recipients[i];
@@ -138,15 +140,18 @@ impl TraceStore for MemoryTraces {
                     r.updated_at_ms = e.at_ms;
                 }
             }
-            None => entry.recipients.push(RecipientState {
-                user_id: e.user_id.to_owned(),
-                device_id: e.device_id.to_owned(),
-                client_type: e.client_type,
-                state: e.state,
-                detail: e.detail.clone(),
-                updated_at_ms: e.at_ms,
-                history: vec![(e.state, e.at_ms, e.detail.clone())],
-            }),
+            None => {
+                entry.index.insert(key, entry.recipients.len());
+                entry.recipients.push(RecipientState {
+                    user_id: e.user_id.to_owned(),
+                    device_id: e.device_id.to_owned(),
+                    client_type: e.client_type,
+                    state: e.state,
+                    detail: e.detail.clone(),
+                    updated_at_ms: e.at_ms,
+                    history: vec![(e.state, e.at_ms, e.detail.clone())],
+                });
+            }
         }
     }
 
