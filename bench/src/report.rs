@@ -151,12 +151,23 @@ pub fn line_chart(
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
+    let mut lin_step = 1.0;
     if log_y {
         y0 = y0.floor();
         y1 = y1.ceil().max(y0 + 1.0);
     } else {
+        // A round step (1, 2 or 5 times a power of ten), about five ticks.
         y0 = 0.0;
-        y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+        let top = if y1 > 0.0 { y1 * 1.05 } else { 1.0 };
+        let raw = top / 5.0;
+        let p = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 5.0, 10.0]
+            .iter()
+            .map(|m| m * p)
+            .find(|st| *st >= raw)
+            .unwrap_or(10.0 * p);
+        y1 = (top / step).ceil() * step;
+        lin_step = step;
     }
     if (x1 - x0).abs() < 1e-9 {
         x1 = x0 + 1.0;
@@ -184,14 +195,15 @@ pub fn line_chart(
     let y_ticks: Vec<f64> = if log_y {
         (y0 as i32..=y1 as i32).map(|e| 10f64.powi(e)).collect()
     } else {
-        (0..=5).map(|k| y1 * k as f64 / 5.0).collect()
+        let n = (y1 / lin_step).round() as i32;
+        (0..=n.clamp(1, 20)).map(|k| lin_step * k as f64).collect()
     };
     for v in y_ticks {
         let y = py(v);
         let label = if v >= 1_000_000.0 {
-            format!("{}M", v / 1_000_000.0)
+            format!("{:.1}M", v / 1_000_000.0)
         } else if v >= 1000.0 {
-            format!("{}k", v / 1000.0)
+            format!("{:.0}k", v / 1000.0)
         } else {
             format!("{v:.0}")
         };
