@@ -455,6 +455,99 @@ async fn post(client: &reqwest::Client, url: &str, body: Value) -> Result<()> {
     Ok(())
 }
 
+/// POSTs every `(url, body)`, at most `concurrency` at once. A body is made
+/// (and its timestamp taken) only when its request is about to go.
+async fn post_all(
+    http: &reqwest::Client,
+    concurrency: usize,
+    requests: impl IntoIterator<Item = (String, Value)>,
+) -> Result<()> {
+    let gate = Arc::new(Semaphore::new(concurrency));
+    let mut tasks = Vec::new();
+    for (url, body) in requests {
+        let permit = gate.clone().acquire_owned().await?;
+        let http = http.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = post(&http, &url, body).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Runs `send`, then waits until the workers got `count` more messages:
+/// the delivery rate (from the start of `send`) and the latency percentiles.
+async fn measure(
+    w: &mut Workers,
+    what: &str,
+    timeout: Duration,
+    count: usize,
+    send: impl std::future::Future<Output = Result<()>>,
+) -> Result<(f64, Value)> {
+    let base = w.totals().await?.received;
+    w.take_latency();
+    let t0 = Instant::now();
+    send.await?;
+    let want = base + count as u64;
+    w.wait(what, timeout, |t| t.received >= want).await?;
+    Ok((count as f64 / t0.elapsed().as_secs_f64(), w.take_latency()))
+}
+
+/// User ids `u<k>` for `count` consecutive `k` from `from`, over `conns` users.
+fn users(from: usize, count: usize, conns: usize) -> Vec<String> {
+    (from..from + count)
+        .map(|k| format!("u{}", k % conns))
+        .collect()
+}
+
+/// Unicast through the batch API as fast as 8 callers go, 1,000 users per
+/// request: (messages, rate, latency).
+async fn batch_unicast(
+    w: &mut Workers,
+    http: &reqwest::Client,
+    api: &str,
+    s: &Sizes,
+) -> Result<(usize, f64, Value)> {
+    let batch = 1000.min(s.conns);
+    let messages = s.batch_msgs.div_ceil(batch) * batch;
+    let url = format!("{api}/api/v1/push/batch");
+    let requests = (0..messages / batch).map(|r| {
+        let body = json!({"userIds": users(r * batch, batch, s.conns), "content": stamp(PAYLOAD)});
+        (url.clone(), body)
+    });
+    let (rate, latency) = measure(
+        w,
+        "batch deliveries",
+        s.timeout,
+        messages,
+        post_all(http, 8, requests),
+    )
+    .await?;
+    Ok((messages, rate, latency))
+}
+
+/// `s.broadcasts` broadcasts back to back to `n` connections: (rate, latency).
+async fn broadcast(
+    w: &mut Workers,
+    http: &reqwest::Client,
+    api: &str,
+    s: &Sizes,
+    n: usize,
+) -> Result<(f64, Value)> {
+    let url = format!("{api}/api/v1/broadcast");
+    let send = async {
+        for _ in 0..s.broadcasts {
+            post(http, &url, json!({"content": stamp(PAYLOAD)})).await?;
+        }
+        Ok(())
+    };
+    measure(w, "broadcast deliveries", s.timeout, s.broadcasts * n, send).await
+}
+
 /// Scenario 3 and 4 on one server: unicast (batch, single, paced) and broadcast.
 async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let server = start_server(bin, None).await?;
@@ -469,116 +562,60 @@ async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     .await?;
     let n = s.conns as u64;
     w.wait("bind", s.timeout, |t| t.bound >= n).await?;
-    w.totals().await?;
-    w.take_latency();
     let http = reqwest::Client::new();
-    let users = |from: usize, count: usize| -> Vec<String> {
-        (from..from + count)
-            .map(|k| format!("u{}", k % s.conns))
-            .collect()
-    };
 
-    // Batch API, as fast as 8 concurrent callers go.
-    let batch = 1000.min(s.conns);
-    let requests = s.batch_msgs.div_ceil(batch);
-    let base = w.totals().await?.received;
-    let t0 = Instant::now();
-    let gate = Arc::new(Semaphore::new(8));
-    let mut tasks = Vec::new();
-    for r in 0..requests {
-        let (http, url, gate) = (
-            http.clone(),
-            format!("{}/api/v1/push/batch", server.api),
-            gate.clone(),
-        );
-        let body = json!({"userIds": users(r * batch, batch), "content": stamp(PAYLOAD)});
-        let permit = gate.acquire_owned().await?;
-        tasks.push(tokio::spawn(async move {
-            let r = post(&http, &url, body).await;
-            drop(permit);
-            r
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let want = base + (requests * batch) as u64;
-    w.wait("batch deliveries", s.timeout, |t| t.received >= want)
-        .await?;
-    let batch_rate = (requests * batch) as f64 / t0.elapsed().as_secs_f64();
-    let batch_latency = w.take_latency();
+    let (messages, batch_rate, batch_latency) =
+        batch_unicast(&mut w, &http, &server.api, s).await?;
 
-    // Paced: a steady rate through the batch API (100 messages per request).
+    // Paced: a steady rate through the batch API, one request every 10 ms.
     let per_tick = (s.paced_rate / 100).max(1);
-    let ticks = s.paced_secs * 100;
-    let base = w.totals().await?.received;
-    let mut sent = 0u64;
-    let mut interval = tokio::time::interval(Duration::from_millis(10));
-    let mut tasks = Vec::new();
-    for k in 0..ticks {
-        interval.tick().await;
-        let (http, url) = (http.clone(), format!("{}/api/v1/push/batch", server.api));
-        let body =
-            json!({"userIds": users(k as usize * per_tick, per_tick), "content": stamp(PAYLOAD)});
-        sent += per_tick as u64;
-        tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    w.wait("paced deliveries", s.timeout, |t| t.received >= base + sent)
-        .await?;
-    let paced_latency = w.take_latency();
+    let ticks = s.paced_secs as usize * 100;
+    let url = format!("{}/api/v1/push/batch", server.api);
+    let paced = async {
+        let mut interval = tokio::time::interval(Duration::from_millis(10));
+        let mut tasks = Vec::new();
+        for k in 0..ticks {
+            interval.tick().await;
+            let body = json!({"userIds": users(k * per_tick, per_tick, s.conns), "content": stamp(PAYLOAD)});
+            let (http, url) = (http.clone(), url.clone());
+            tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok(())
+    };
+    let (_, paced_latency) = measure(
+        &mut w,
+        "paced deliveries",
+        s.timeout,
+        ticks * per_tick,
+        paced,
+    )
+    .await?;
 
     // Single-user API, 64 concurrent callers.
-    let base = w.totals().await?.received;
-    let t0 = Instant::now();
-    let gate = Arc::new(Semaphore::new(64));
-    let mut tasks = Vec::new();
-    for k in 0..s.single_msgs {
-        let (http, url, gate) = (
-            http.clone(),
-            format!("{}/api/v1/push", server.api),
-            gate.clone(),
-        );
+    let url = format!("{}/api/v1/push", server.api);
+    let requests = (0..s.single_msgs).map(|k| {
         let body = json!({"userId": format!("u{}", k % s.conns), "content": stamp(PAYLOAD)});
-        let permit = gate.acquire_owned().await?;
-        tasks.push(tokio::spawn(async move {
-            let r = post(&http, &url, body).await;
-            drop(permit);
-            r
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let want = base + s.single_msgs as u64;
-    w.wait("single deliveries", s.timeout, |t| t.received >= want)
-        .await?;
-    let single_rate = s.single_msgs as f64 / t0.elapsed().as_secs_f64();
-    let single_latency = w.take_latency();
+        (url.clone(), body)
+    });
+    let (single_rate, single_latency) = measure(
+        &mut w,
+        "single deliveries",
+        s.timeout,
+        s.single_msgs,
+        post_all(&http, 64, requests),
+    )
+    .await?;
 
-    // Broadcast to every connection, back to back.
-    let base = w.totals().await?.received;
-    let t0 = Instant::now();
-    for _ in 0..s.broadcasts {
-        post(
-            &http,
-            &format!("{}/api/v1/broadcast", server.api),
-            json!({"content": stamp(PAYLOAD)}),
-        )
-        .await?;
-    }
-    let want = base + (s.broadcasts * s.conns) as u64;
-    w.wait("broadcast deliveries", s.timeout, |t| t.received >= want)
-        .await?;
-    let broadcast_rate = (s.broadcasts * s.conns) as f64 / t0.elapsed().as_secs_f64();
-    let broadcast_latency = w.take_latency();
+    let (broadcast_rate, broadcast_latency) =
+        broadcast(&mut w, &http, &server.api, s, s.conns).await?;
     w.quit().await;
     drop(server);
     Ok(json!({
         "conns": s.conns,
-        "batch": {"messages": requests * batch, "per_s": batch_rate, "latency": batch_latency},
+        "batch": {"messages": messages, "per_s": batch_rate, "latency": batch_latency},
         "paced": {"rate": per_tick * 100, "seconds": s.paced_secs, "latency": paced_latency},
         "single": {"requests": s.single_msgs, "per_s": single_rate, "latency": single_latency},
         "broadcast": {"broadcasts": s.broadcasts, "per_s": broadcast_rate, "latency": broadcast_latency},
@@ -606,22 +643,7 @@ async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) 
     // Every node must see the others before a broadcast fans out to them.
     tokio::time::sleep(Duration::from_millis(if nodes > 1 { 2000 } else { 200 })).await;
     let http = reqwest::Client::new();
-    let base = w.totals().await?.received;
-    w.take_latency();
-    let t0 = Instant::now();
-    for _ in 0..s.broadcasts {
-        post(
-            &http,
-            &format!("{}/api/v1/broadcast", servers[0].api),
-            json!({"content": stamp(PAYLOAD)}),
-        )
-        .await?;
-    }
-    let want = base + (s.broadcasts * n) as u64;
-    w.wait("broadcast deliveries", s.timeout, |t| t.received >= want)
-        .await?;
-    let per_s = (s.broadcasts * n) as f64 / t0.elapsed().as_secs_f64();
-    let latency = w.take_latency();
+    let (per_s, latency) = broadcast(&mut w, &http, &servers[0].api, s, n).await?;
     w.quit().await;
     drop(servers);
     drop(redis);
@@ -634,17 +656,20 @@ async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) 
     let mut iw = Workers::start(me, &addrs, Transport::Ideal, false, n, 0).await?;
     iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
         .await?;
-    let base = iw.totals().await?.received;
-    iw.take_latency();
-    let t0 = Instant::now();
     let cmd = format!("broadcast {} {PAYLOAD}", s.broadcasts);
-    futures_util::future::try_join_all(ideals.iter_mut().map(|i| i.proc.ask(&cmd, s.timeout)))
-        .await?;
-    let want = base + (s.broadcasts * n) as u64;
-    iw.wait("ideal broadcast", s.timeout, |t| t.received >= want)
-        .await?;
-    let ideal_per_s = (s.broadcasts * n) as f64 / t0.elapsed().as_secs_f64();
-    let ideal_latency = iw.take_latency();
+    let send = async {
+        futures_util::future::try_join_all(ideals.iter_mut().map(|i| i.proc.ask(&cmd, s.timeout)))
+            .await
+            .map(drop)
+    };
+    let (ideal_per_s, ideal_latency) = measure(
+        &mut iw,
+        "ideal broadcast",
+        s.timeout,
+        s.broadcasts * n,
+        send,
+    )
+    .await?;
     iw.quit().await;
     Ok(json!({
         "conns": n,
@@ -670,70 +695,30 @@ async fn cluster_unicast(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let n = s.conns as u64;
     w.wait("bind", s.timeout, |t| t.bound >= n).await?;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let base = w.totals().await?.received;
-    w.take_latency();
     let http = reqwest::Client::new();
-    let batch = 1000.min(s.conns);
-    let requests = s.batch_msgs.div_ceil(batch);
-    let gate = Arc::new(Semaphore::new(8));
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for r in 0..requests {
-        let users: Vec<String> = (r * batch..(r + 1) * batch)
-            .map(|k| format!("u{}", k % s.conns))
-            .collect();
-        let (http, url) = (
-            http.clone(),
-            format!("{}/api/v1/push/batch", servers[0].api),
-        );
-        let permit = gate.clone().acquire_owned().await?;
-        let body = json!({"userIds": users, "content": stamp(PAYLOAD)});
-        tasks.push(tokio::spawn(async move {
-            let r = post(&http, &url, body).await;
-            drop(permit);
-            r
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let want = base + (requests * batch) as u64;
-    w.wait("cross-node deliveries", s.timeout, |t| t.received >= want)
-        .await?;
-    let per_s = (requests * batch) as f64 / t0.elapsed().as_secs_f64();
-    let latency = w.take_latency();
+    let (messages, per_s, latency) = batch_unicast(&mut w, &http, &servers[0].api, s).await?;
     w.quit().await;
     Ok(
-        json!({"nodes": 3, "conns": s.conns, "messages": requests * batch, "per_s": per_s, "latency": latency}),
+        json!({"nodes": 3, "conns": s.conns, "messages": messages, "per_s": per_s, "latency": latency}),
     )
 }
 
 /// The ideal server's unicast and broadcast rates on the same connections.
 async fn ideal_delivery(ideal: &mut Ideal, w: &mut Workers, s: &Sizes) -> Result<Value> {
-    w.totals().await?;
-    w.take_latency();
-    let base = w.totals().await?.received;
-    let t0 = Instant::now();
-    ideal
-        .proc
-        .ask(&format!("unicast {} {PAYLOAD}", s.batch_msgs), s.timeout)
-        .await?;
-    let want = base + s.batch_msgs as u64;
-    w.wait("ideal unicast", s.timeout, |t| t.received >= want)
-        .await?;
-    let unicast = s.batch_msgs as f64 / t0.elapsed().as_secs_f64();
-    let unicast_latency = w.take_latency();
-    let base = w.totals().await?.received;
-    let t0 = Instant::now();
-    ideal
-        .proc
-        .ask(&format!("broadcast {} {PAYLOAD}", s.broadcasts), s.timeout)
-        .await?;
-    let want = base + (s.broadcasts * s.conns) as u64;
-    w.wait("ideal broadcast", s.timeout, |t| t.received >= want)
-        .await?;
-    let broadcast = (s.broadcasts * s.conns) as f64 / t0.elapsed().as_secs_f64();
-    let broadcast_latency = w.take_latency();
+    let cmd = format!("unicast {} {PAYLOAD}", s.batch_msgs);
+    let (unicast, unicast_latency) = measure(w, "ideal unicast", s.timeout, s.batch_msgs, async {
+        ideal.proc.ask(&cmd, s.timeout).await.map(drop)
+    })
+    .await?;
+    let cmd = format!("broadcast {} {PAYLOAD}", s.broadcasts);
+    let (broadcast, broadcast_latency) = measure(
+        w,
+        "ideal broadcast",
+        s.timeout,
+        s.broadcasts * s.conns,
+        async { ideal.proc.ask(&cmd, s.timeout).await.map(drop) },
+    )
+    .await?;
     Ok(json!({
         "unicast": {"per_s": unicast, "latency": unicast_latency},
         "broadcast": {"per_s": broadcast, "latency": broadcast_latency},
