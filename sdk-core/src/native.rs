@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::session::{Action, Session, SessionConfig, SessionError, SessionEvent};
+use crate::session::{
+    Action, Session, SessionConfig, SessionError, SessionEvent, parse_server_list,
+};
 
 /// Where the resume ticket persists: a file (`FileTicketStore`), or what
 /// the platform offers (SharedPreferences, Keychain) through the bindings.
@@ -283,12 +285,7 @@ async fn fetch_servers(url: &str) -> Result<Vec<String>, String> {
         .text()
         .await
         .map_err(|e| e.to_string())?;
-    Ok(text
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect())
+    Ok(parse_server_list(&text))
 }
 
 fn seed() -> [u8; 32] {

@@ -64,6 +64,16 @@ impl SessionConfig {
     }
 }
 
+/// The server list an mpush allocator answers (`host:port,host:port`, or
+/// URLs), for `Session::handle_servers`.
+pub fn parse_server_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {

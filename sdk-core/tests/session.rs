@@ -569,3 +569,12 @@ fn every_session_error_has_a_stable_code() {
         .collect();
     assert_eq!(codes, vec!["queue_full", "stopped", "unknown_ack"]);
 }
+
+#[test]
+fn allocator_lists_are_trimmed_and_blanks_dropped() {
+    assert_eq!(
+        mpush_sdk_core::session::parse_server_list(" a:1, ,ws://b:2/ ,"),
+        vec!["a:1", "ws://b:2/"]
+    );
+    assert!(mpush_sdk_core::session::parse_server_list("").is_empty());
+}

@@ -9,14 +9,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
-use std::sync::Arc;
 
 use js_sys::{Array, ArrayBuffer, Function, Promise, Uint8Array};
 use mpush_protocol::Instant;
-use mpush_protocol::crypto::RsaPublic;
-use mpush_protocol::session::{AckMode, DeviceInfo};
+use mpush_protocol::session::AckMode;
 use mpush_sdk_core::session::{
-    Action, Message, Session, SessionConfig, SessionError, SessionEvent,
+    Action, Message, Session, SessionError, SessionEvent, parse_server_list,
 };
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::prelude::*;
@@ -148,8 +146,6 @@ impl Drop for PageListeners {
 struct Inner {
     me: Weak<RefCell<Inner>>,
     opts: Options,
-    public_key: Arc<RsaPublic>,
-    device_id: String,
     session: Option<Session>,
     socket: Option<Socket>,
     /// Which socket the session is talking to: events of older ones are ignored.
@@ -312,13 +308,7 @@ impl Inner {
                 wasm_bindgen_futures::spawn_local(async move {
                     let result = js::fetch_text(&url, ALLOCATOR_TIMEOUT_MS)
                         .await
-                        .map(|text| {
-                            text.split(',')
-                                .map(str::trim)
-                                .filter(|s| !s.is_empty())
-                                .map(str::to_owned)
-                                .collect()
-                        });
+                        .map(|text| parse_server_list(&text));
                     with_session(&weak, |s, now| s.handle_servers(result, now));
                 });
             }
@@ -540,12 +530,7 @@ impl PushClient {
     pub fn new(
         #[wasm_bindgen(unchecked_param_type = "PushClientOptions")] options: JsValue,
     ) -> Result<PushClient, JsValue> {
-        let opts = Options::parse(&options).map_err(|e| js::error("invalid_options", &e))?;
-        let public_key = match &opts.public_key {
-            Some(text) => RsaPublic::from_text(text)
-                .map_err(|e| js::error("invalid_options", &format!("options.publicKey: {e}")))?,
-            None => RsaPublic::mpush_default(),
-        };
+        let mut opts = Options::parse(&options).map_err(|e| js::error("invalid_options", &e))?;
         let device_key = format!("{}.deviceId", opts.storage_key);
         let device_id = match &opts.device_id {
             Some(d) => d.clone(),
@@ -564,12 +549,11 @@ impl PushClient {
                 }
             },
         };
+        opts.session.device.device_id = device_id;
         let inner = Rc::new_cyclic(|me| {
             RefCell::new(Inner {
                 me: me.clone(),
                 opts,
-                public_key: Arc::new(public_key),
-                device_id,
                 session: None,
                 socket: None,
                 socket_gen: 0,
@@ -621,23 +605,7 @@ impl PushClient {
             return Ok(());
         }
         let o = &inner.opts;
-        let mut cfg = SessionConfig::new(
-            o.servers.clone(),
-            inner.public_key.clone(),
-            DeviceInfo {
-                device_id: inner.device_id.clone(),
-                os_name: o.os_name.clone(),
-                os_version: o.os_version.clone(),
-                client_version: o.client_version.clone(),
-            },
-        );
-        cfg.allocator_url = o.allocator_url.clone();
-        cfg.offer_v2 = o.v2;
-        cfg.heartbeat = o.heartbeat;
-        cfg.backoff = o.backoff.clone();
-        cfg.dedup_capacity = o.dedup_capacity;
-        cfg.outbound_capacity = o.outbound_capacity;
-        cfg.connect_timeout = o.connect_timeout;
+        let cfg = o.session.clone();
         let mut calls = Calls::new();
         let ticket = match o.storage.load(&inner.ticket_key()) {
             Ok(t) => t,
@@ -871,7 +839,7 @@ impl PushClient {
 
     #[wasm_bindgen(getter, js_name = deviceId)]
     pub fn device_id(&self) -> String {
-        self.inner.borrow().device_id.clone()
+        self.inner.borrow().opts.session.device.device_id.clone()
     }
 
     #[wasm_bindgen(getter = onMessage, unchecked_return_type = "((message: PushMessage) => void) | null")]

@@ -4,7 +4,12 @@
 use std::time::Duration;
 
 use js_sys::{Array, Function, Reflect};
+use std::sync::Arc;
+
 use mpush_protocol::backoff::BackoffConfig;
+use mpush_protocol::crypto::RsaPublic;
+use mpush_protocol::session::DeviceInfo;
+use mpush_sdk_core::SessionConfig;
 use wasm_bindgen::prelude::*;
 
 use crate::js;
@@ -51,19 +56,10 @@ fn call(o: &JsValue, method: &str, args: &[JsValue]) -> Result<JsValue, String> 
 }
 
 pub struct Options {
-    pub servers: Vec<String>,
-    pub allocator_url: Option<String>,
-    pub public_key: Option<String>,
+    /// Everything the session needs; the device id is filled in by the
+    /// client (from `deviceId`, or the one kept in `storage`).
+    pub session: SessionConfig,
     pub device_id: Option<String>,
-    pub os_name: String,
-    pub os_version: String,
-    pub client_version: String,
-    pub v2: bool,
-    pub heartbeat: Duration,
-    pub connect_timeout: Duration,
-    pub backoff: BackoffConfig,
-    pub dedup_capacity: usize,
-    pub outbound_capacity: usize,
     pub storage: Storage,
     pub storage_key: String,
     pub on_message: Option<Function>,
@@ -204,21 +200,30 @@ impl Options {
         let count = |key: &str, default: usize| -> Result<usize, Invalid> {
             Ok(number(o, key, 1.0, 1_000_000.0)?.map_or(default, |n| n as usize))
         };
-        Ok(Self {
-            servers,
-            allocator_url,
-            public_key: string(o, "publicKey")?,
-            device_id: string(o, "deviceId")?.filter(|s| !s.is_empty()),
+        let public_key = match string(o, "publicKey")? {
+            Some(text) => {
+                RsaPublic::from_text(&text).map_err(|e| format!("options.publicKey: {e}"))?
+            }
+            None => RsaPublic::mpush_default(),
+        };
+        let device = DeviceInfo {
+            device_id: String::new(),
             os_name: string(o, "osName")?.unwrap_or_else(|| "web".into()),
             os_version: string(o, "osVersion")?.unwrap_or_else(user_agent),
             client_version: string(o, "clientVersion")?
                 .unwrap_or_else(|| format!("mpush-sdk/{}", env!("CARGO_PKG_VERSION"))),
-            v2: boolean(o, "v2", true)?,
-            heartbeat: millis(o, "heartbeatMs", 240_000, 1_000.0)?,
-            connect_timeout: millis(o, "connectTimeoutMs", 10_000, 100.0)?,
-            backoff,
-            dedup_capacity: count("dedupCapacity", 1024)?,
-            outbound_capacity: count("outboundCapacity", 256)?,
+        };
+        let mut session = SessionConfig::new(servers, Arc::new(public_key), device);
+        session.allocator_url = allocator_url;
+        session.offer_v2 = boolean(o, "v2", true)?;
+        session.heartbeat = millis(o, "heartbeatMs", 240_000, 1_000.0)?;
+        session.connect_timeout = millis(o, "connectTimeoutMs", 10_000, 100.0)?;
+        session.backoff = backoff;
+        session.dedup_capacity = count("dedupCapacity", 1024)?;
+        session.outbound_capacity = count("outboundCapacity", 256)?;
+        Ok(Self {
+            session,
+            device_id: string(o, "deviceId")?.filter(|s| !s.is_empty()),
             storage,
             storage_key: string(o, "storageKey")?.unwrap_or_else(|| "mpush".into()),
             on_message: callback(o, "onMessage")?,
