@@ -189,8 +189,7 @@ async fn protocol_client(
     let mut buf = vec![0u8; 4096];
     let mut round = *rounds.borrow_and_update();
     loop {
-        let permit = gate.clone().acquire_owned().await.ok();
-        let mut permit = permit;
+        let mut permit = gate.clone().acquire_owned().await.ok();
         // Each reconnect round from another source address: the previous
         // round's ports are still in TIME_WAIT.
         let src = match src {

@@ -569,7 +569,7 @@ impl PushClient {
         if let Ok(mut w) = self.waiters.lock() {
             w.stop();
         }
-        if let Phase::Running { handle, mut done } = phase {
+        if let Phase::Running { handle, done } = phase {
             handle.close();
             if let Some(rt) = runtime {
                 if tokio::runtime::Handle::try_current().is_ok() {
@@ -578,12 +578,7 @@ impl PushClient {
                     rt.shutdown_background();
                 } else {
                     // Give the session a moment to say goodbye, then stop.
-                    let deadline = std::time::Instant::now() + CLOSE_GRACE;
-                    while std::time::Instant::now() < deadline
-                        && matches!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty))
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    let _ = rt.block_on(async { tokio::time::timeout(CLOSE_GRACE, done).await });
                     rt.shutdown_timeout(CLOSE_GRACE);
                 }
             }
