@@ -8,13 +8,13 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mpush_protocol::crypto::{AesKey, Rng, SessionCipher};
 use mpush_protocol::message::v2;
 use mpush_protocol::packet::{Command, Decoder, Flags, Frame};
-use mpush_protocol::seal::Sealer;
+use mpush_protocol::seal::{Sealer, Side};
 use rand_core::SeedableRng;
 
 const CONTENT: [u8; 64] = [b'x'; 64];
 
-fn sealer(v2: bool) -> Sealer {
-    let mut s = Sealer::new(10 * 1024, 1 << 20);
+fn sealer(side: Side, v2: bool) -> Sealer {
+    let mut s = Sealer::new(side, 10 * 1024, 1 << 20);
     let key = AesKey([7; 16]);
     s.set_cipher(Some(if v2 {
         SessionCipher::gcm(&key)
@@ -58,7 +58,8 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("push_64B");
     g.throughput(Throughput::Elements(1));
     for (name, v2) in [("legacy", false), ("v2", true)] {
-        let s = sealer(v2);
+        let s = sealer(Side::Server, v2);
+        let client = sealer(Side::Client, v2);
         let mut rng = Rng::seed_from_u64(1);
         let mut out = BytesMut::with_capacity(4096);
         g.bench_function(format!("{name}/encode+seal"), |b| {
@@ -78,7 +79,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("{name}/open+decode"), |b| {
             b.iter(|| {
                 let mut buf = BytesMut::from(&wire[..]);
-                black_box(decode(&s, v2, &mut buf))
+                black_box(decode(&client, v2, &mut buf))
             })
         });
     }

@@ -25,7 +25,7 @@ use crate::message::{
     HandshakeOk, HttpRequest, HttpResponse, Kick, OkMessage, Redirect, v2,
 };
 use crate::packet::{Command, Decoder, Flags, Frame, HEARTBEAT_BYTE, Packet};
-use crate::seal::Sealer;
+use crate::seal::{Sealer, Side};
 use crate::server::duration_ms;
 use crate::session::{AckMode, DeviceInfo, Profile, ResumeTicket, SessionSecret};
 
@@ -253,7 +253,7 @@ impl ClientConnection {
     ) -> Self {
         let mut c = Self {
             decoder: Decoder::new(config.max_body),
-            sealer: Sealer::new(config.compress_over, config.max_body),
+            sealer: Sealer::new(Side::Client, config.compress_over, config.max_body),
             config,
             rng: Rng::from_seed(seed),
             inbuf: BytesMut::new(),
@@ -897,8 +897,7 @@ impl ClientConnection {
     fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
         if self.profile == Profile::V2
             && self.is_established()
-            && !p.flags.contains(Flags::CRYPTO)
-            && !p.body.is_empty()
+            && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty())
         {
             return Err(ProtocolError::State("v2 requires sealed bodies"));
         }

@@ -1,7 +1,11 @@
 //! `JsonServerConnection`: the WebSocket JSON text-frame form of spec section 8,
-//! for mpush's legacy JavaScript client. No keys, no compression, no heartbeat
-//! (browsers' JSON clients never send one, and mpush never times them out), no
-//! fast connect. It emits the same `ServerEvent`s as `ServerConnection`, so a
+//! for mpush's legacy JavaScript client. No keys, no compression, no fast
+//! connect, and no heartbeat packet (mpush's JSON clients never send one).
+//! Unlike mpush, idle connections are not kept forever: when nothing arrived
+//! for a heartbeat interval the machine asks the driver for a WebSocket ping
+//! (`poll_ping`), which every browser answers by itself; a connection that
+//! stays silent through `max_heartbeat_misses` more intervals is closed, and
+//! one that does not handshake within `handshake_timeout` too. It emits the same `ServerEvent`s as `ServerConnection`, so a
 //! driver serves both with the same code.
 
 use std::collections::VecDeque;
@@ -28,6 +32,11 @@ pub struct JsonServerConnection {
     next_push_id: i32,
     /// Pending pushes; a retry resends the rendered frame.
     pending: PendingPushes<String>,
+    handshake_deadline: Option<Instant>,
+    last_read: Instant,
+    next_check: Instant,
+    misses: u32,
+    ping: bool,
 }
 
 impl std::fmt::Debug for JsonServerConnection {
@@ -40,9 +49,15 @@ impl std::fmt::Debug for JsonServerConnection {
 }
 
 impl JsonServerConnection {
-    pub fn new(config: Arc<ServerConfig>) -> Self {
+    /// A connection accepted at `accepted` (the handshake deadline runs from then).
+    pub fn new(config: Arc<ServerConfig>, accepted: Instant) -> Self {
         Self {
             pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
+            handshake_deadline: Some(accepted + config.handshake_timeout),
+            last_read: accepted,
+            next_check: accepted + config.max_heartbeat,
+            misses: 0,
+            ping: false,
             config,
             out: VecDeque::new(),
             events: VecDeque::new(),
@@ -69,11 +84,23 @@ impl JsonServerConnection {
         self.pending.len()
     }
 
+    /// Any frame from the peer (a WebSocket pong too): it is alive.
+    pub fn handle_activity(&mut self, now: Instant) {
+        self.last_read = now;
+        self.misses = 0;
+    }
+
+    /// True once after the machine decided the peer should be pinged.
+    pub fn poll_ping(&mut self) -> bool {
+        std::mem::take(&mut self.ping)
+    }
+
     /// One text frame from the socket.
-    pub fn handle_text(&mut self, text: &str, _now: Instant) {
+    pub fn handle_text(&mut self, text: &str, now: Instant) {
         if self.closed {
             return;
         }
+        self.handle_activity(now);
         if text.len() > self.config.max_body {
             self.fail(
                 Command::UNKNOWN,
@@ -132,6 +159,23 @@ impl JsonServerConnection {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        if self.handshake_deadline.is_some_and(|d| now >= d) {
+            return self.close_with(CloseReason::HandshakeTimeout);
+        }
+        if now >= self.next_check {
+            let interval = self.config.max_heartbeat;
+            if now.saturating_duration_since(self.last_read) >= interval {
+                self.misses += 1;
+                if self.misses > self.config.max_heartbeat_misses {
+                    return self.close_with(CloseReason::HeartbeatTimeout);
+                }
+                self.ping = true;
+            }
+            self.next_check = now + interval;
+        }
         for (_, text) in self.pending.expire(now, &mut self.events) {
             self.out.push_back(text);
         }
@@ -139,10 +183,16 @@ impl JsonServerConnection {
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.closed {
-            None
-        } else {
-            self.pending.next_deadline()
+            return None;
         }
+        let mut at = self.next_check;
+        if let Some(d) = self.pending.next_deadline() {
+            at = at.min(d);
+        }
+        if let Some(d) = self.handshake_deadline {
+            at = at.min(d);
+        }
+        Some(at)
     }
 
     /// The next text frame to send.
@@ -229,22 +279,27 @@ impl JsonServerConnection {
             os_version: p.str_field("osVersion"),
             client_version: p.str_field("clientVersion"),
         };
-        if device.device_id.is_empty() {
-            self.out.push_back(
-                json::error(Command::HANDSHAKE, p.session_id, 0, "Param invalid").to_text(),
-            );
-            return self.close_with(CloseReason::Refused("handshake without a device id".into()));
-        }
-        if self
-            .device
-            .as_ref()
-            .is_some_and(|d| d.device_id == device.device_id)
-        {
+        if self.device.is_some() {
+            // One handshake per connection.
             self.out.push_back(
                 json::error(Command::HANDSHAKE, p.session_id, 102, "repeat handshake").to_text(),
             );
-            return;
+            return self.close_with(CloseReason::Refused("repeated handshake".into()));
         }
+        if self.config.require_v2 {
+            // The JSON form has no keys at all.
+            self.out.push_back(
+                json::error(Command::HANDSHAKE, p.session_id, 0, "Param invalid").to_text(),
+            );
+            return self.close_with(CloseReason::Refused("JSON handshake (v2 required)".into()));
+        }
+        if device.device_id.is_empty() || device.check_limits().is_err() {
+            self.out.push_back(
+                json::error(Command::HANDSHAKE, p.session_id, 0, "Param invalid").to_text(),
+            );
+            return self.close_with(CloseReason::Refused("invalid handshake parameters".into()));
+        }
+        self.handshake_deadline = None;
         self.out
             .push_back(JsonPacket::new(Command::HANDSHAKE, p.session_id, None).to_text());
         self.device = Some(device.clone());
@@ -262,6 +317,12 @@ impl JsonServerConnection {
             return self.close_with(CloseReason::Refused("bind before handshake".into()));
         }
         let user_id = p.str_field("userId");
+        let (tags, token) = (p.str_field("tags"), p.str_field("data"));
+        if crate::session::limits::check_bind(&user_id, &tags, &token).is_err() {
+            self.out
+                .push_back(json::error(p.cmd, p.session_id, 0, "invalid param").to_text());
+            return self.close_with(CloseReason::Refused("bind field too long".into()));
+        }
         if p.cmd == Command::UNBIND {
             self.events.push_back(ServerEvent::UnbindRequested {
                 request: p.session_id,
@@ -277,8 +338,8 @@ impl JsonServerConnection {
         self.events.push_back(ServerEvent::BindRequested {
             request: p.session_id,
             user_id,
-            tags: p.str_field("tags"),
-            token: p.str_field("data"),
+            tags,
+            token,
             previous_user: self.user.clone(),
         });
     }
@@ -307,7 +368,7 @@ mod tests {
     use bytes::Bytes;
 
     fn conn() -> JsonServerConnection {
-        JsonServerConnection::new(Arc::new(ServerConfig::new(default_key())))
+        JsonServerConnection::new(Arc::new(ServerConfig::new(default_key())), Instant::now())
     }
 
     fn texts(c: &mut JsonServerConnection) -> Vec<String> {

@@ -244,7 +244,8 @@ impl Decoder {
             });
         }
         if buf.len() < HEADER_LEN + len {
-            buf.reserve(HEADER_LEN + len - buf.len());
+            // A declared length is not an allocation: the buffer grows only
+            // with what actually arrives.
             return Ok(None);
         }
         let mut head = buf.split_to(HEADER_LEN);

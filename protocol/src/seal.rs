@@ -8,16 +8,43 @@ use crate::crypto::{Rng, SessionCipher, compress_over, decompress};
 use crate::error::ProtocolError;
 use crate::packet::{Command, Flags, Packet};
 
-/// The associated data of a v2 sealed body: cmd, flags and session id, so a
-/// body cannot be moved to another packet or have its flags changed.
-fn aad(cmd: Command, flags: Flags, session_id: i32) -> [u8; 6] {
+/// Which end of a connection a packet was sealed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+impl Side {
+    fn peer(self) -> Self {
+        match self {
+            Self::Client => Self::Server,
+            Self::Server => Self::Client,
+        }
+    }
+
+    fn byte(self) -> u8 {
+        match self {
+            Self::Client => 1,
+            Self::Server => 2,
+        }
+    }
+}
+
+/// The associated data of a v2 sealed body: cmd, flags, session id and the
+/// direction, so a body cannot be moved to another packet, have its flags
+/// changed, or be reflected back to the side that sealed it (both directions
+/// share one key).
+fn aad(cmd: Command, flags: Flags, session_id: i32, from: Side) -> [u8; 7] {
     let s = session_id.to_be_bytes();
-    [cmd.0, flags.0, s[0], s[1], s[2], s[3]]
+    [cmd.0, flags.0, s[0], s[1], s[2], s[3], from.byte()]
 }
 
 /// How one side seals what it sends and opens what it receives.
 #[derive(Debug)]
 pub struct Sealer {
+    /// The side this sealer seals for; it opens what the other side sealed.
+    side: Side,
     cipher: Option<SessionCipher>,
     /// Compress bodies longer than this (1024 client, 10240 server in mpush).
     compress_over: usize,
@@ -26,8 +53,9 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    pub fn new(compress_over: usize, max_inflated: usize) -> Self {
+    pub fn new(side: Side, compress_over: usize, max_inflated: usize) -> Self {
         Self {
+            side,
             cipher: None,
             compress_over,
             max_inflated,
@@ -70,7 +98,7 @@ impl Sealer {
         match &self.cipher {
             Some(c) => {
                 let flags = flags.with(Flags::CRYPTO);
-                let sealed = c.seal(rng, &aad(cmd, flags, session_id), data);
+                let sealed = c.seal(rng, &aad(cmd, flags, session_id, self.side), data);
                 Packet::new(cmd, session_id, flags, sealed)
             }
             None => Packet::new(cmd, session_id, flags, data.to_vec()),
@@ -79,6 +107,7 @@ impl Sealer {
 
     /// Seals with an explicit cipher (HANDSHAKE_OK goes out under the client key).
     pub fn seal_with(
+        &self,
         cipher: &SessionCipher,
         rng: &mut Rng,
         cmd: Command,
@@ -90,7 +119,7 @@ impl Sealer {
             cmd,
             session_id,
             flags,
-            cipher.seal(rng, &aad(cmd, flags, session_id), body),
+            cipher.seal(rng, &aad(cmd, flags, session_id, self.side), body),
         )
     }
 
@@ -109,7 +138,15 @@ impl Sealer {
         if packet.flags.contains(Flags::CRYPTO) && !body.is_empty() {
             let c = cipher.ok_or(ProtocolError::State("encrypted packet before a key"))?;
             body = c
-                .open(&aad(packet.cmd, packet.flags, packet.session_id), &body)?
+                .open(
+                    &aad(
+                        packet.cmd,
+                        packet.flags,
+                        packet.session_id,
+                        self.side.peer(),
+                    ),
+                    &body,
+                )?
                 .into();
         }
         if packet.flags.contains(Flags::COMPRESS) && !body.is_empty() {

@@ -26,7 +26,7 @@ use crate::message::{
 };
 use crate::packet::{Command, Decoder, Flags, Frame, Packet};
 use crate::pending::PendingPushes;
-use crate::seal::Sealer;
+use crate::seal::{Sealer, Side};
 use crate::session::{AckMode, DeviceInfo, Profile, SessionRecord, SessionSecret};
 
 /// Server-side protocol settings. Defaults are mpush's.
@@ -56,6 +56,19 @@ pub struct ServerConfig {
     pub ack_retry: RetryPolicy,
     /// Pushes awaiting an ACK at once; more are refused with `PushError::Busy`.
     pub max_inflight: usize,
+    /// A connection that has not completed a handshake or fast connect within
+    /// this is closed, whatever it sends (default 10 s).
+    pub handshake_timeout: Duration,
+    /// Largest RSA ciphertext of a handshake, in blocks of the key's size
+    /// (default 8; a real client sends two to four).
+    pub max_handshake_blocks: usize,
+    /// Refuse legacy and plaintext handshakes and legacy fast connects: only
+    /// the v2 profile is served.
+    pub require_v2: bool,
+    /// Hand the RSA private-key operation to the driver
+    /// (`ServerEvent::DecryptRequested`) instead of doing it inline, so a
+    /// driver can run it off its async workers.
+    pub offload_rsa: bool,
 }
 
 impl ServerConfig {
@@ -74,6 +87,10 @@ impl ServerConfig {
             http_proxy: false,
             ack_retry: RetryPolicy::default(),
             max_inflight: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            max_handshake_blocks: 8,
+            require_v2: false,
+            offload_rsa: false,
         }
     }
 }
@@ -120,12 +137,18 @@ pub enum CloseReason {
     UnsupportedCommand(Command),
     /// A request the server refused (bad handshake parameters, bind refused).
     Refused(String),
+    /// No handshake or fast connect completed within `handshake_timeout`.
+    HandshakeTimeout,
 }
 
 /// What the driver must act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ServerEvent {
+    /// Only with `offload_rsa`: decrypt this handshake ciphertext with the
+    /// server's private key (`RsaPrivate::decrypt`) and call
+    /// `handle_decrypt_result`. Input that arrives meanwhile is buffered.
+    DecryptRequested { ciphertext: Bytes },
     /// A full handshake finished; store `session` so the client can resume
     /// (`None` on the WebSocket JSON form, which has no keys and no resume).
     HandshakeCompleted {
@@ -177,6 +200,10 @@ pub enum ServerEvent {
 #[derive(Debug)]
 enum State {
     AwaitHandshake,
+    AwaitDecrypt {
+        request: i32,
+        flags: Flags,
+    },
     AwaitResume {
         request: FastConnect,
         packet_id: i32,
@@ -208,6 +235,12 @@ pub struct ServerConnection {
     clock_base: (Instant, i64),
     next_push_id: i32,
     pending: PendingPushes<(Flags, Bytes)>,
+    /// Until established: when the connection is closed for not finishing
+    /// its handshake.
+    handshake_deadline: Option<Instant>,
+    /// A connection gets one full handshake and one fast connect attempt.
+    handshake_seen: bool,
+    resume_seen: bool,
 }
 
 impl std::fmt::Debug for ServerConnection {
@@ -228,9 +261,8 @@ impl ServerConnection {
         let hb = config.initial_heartbeat;
         Self {
             decoder: Decoder::new(config.max_body),
-            sealer: Sealer::new(config.compress_over, config.max_inflated),
+            sealer: Sealer::new(Side::Server, config.compress_over, config.max_inflated),
             pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
-            config,
             rng: Rng::from_seed(seed),
             inbuf: BytesMut::new(),
             out: BytesMut::new(),
@@ -245,6 +277,10 @@ impl ServerConnection {
             misses: 0,
             clock_base: (now, unix_ms),
             next_push_id: FIRST_PUSH_ID,
+            handshake_deadline: Some(now + config.handshake_timeout),
+            handshake_seen: false,
+            resume_seen: false,
+            config,
         }
     }
 
@@ -288,13 +324,40 @@ impl ServerConnection {
         self.last_read = now;
         self.misses = 0;
         self.inbuf.extend_from_slice(data);
+        self.process_input(now);
+    }
+
+    /// Decodes and handles what is buffered, unless a round trip is pending
+    /// (then it waits, bounded: a client cannot make us hold more than one
+    /// packet's worth while we decrypt or look its session up).
+    fn process_input(&mut self, now: Instant) {
+        if matches!(
+            self.state,
+            State::AwaitDecrypt { .. } | State::AwaitResume { .. }
+        ) {
+            if self.inbuf.len() > self.config.max_body + crate::packet::HEADER_LEN {
+                self.inbuf.clear();
+                self.close_with(CloseReason::Protocol(ProtocolError::State(
+                    "too much data before the handshake completed",
+                )));
+            }
+            return;
+        }
         while !self.is_closed() {
             match self.decoder.decode(&mut self.inbuf) {
                 Ok(None) => break,
                 Ok(Some(Frame::Heartbeat)) => {
                     self.out.extend_from_slice(&[crate::packet::HEARTBEAT_BYTE])
                 }
-                Ok(Some(Frame::Packet(p))) => self.handle_packet(p, now),
+                Ok(Some(Frame::Packet(p))) => {
+                    self.handle_packet(p, now);
+                    if matches!(
+                        self.state,
+                        State::AwaitDecrypt { .. } | State::AwaitResume { .. }
+                    ) {
+                        break;
+                    }
+                }
                 Err(e) => self.frame_error(e),
             }
         }
@@ -307,6 +370,10 @@ impl ServerConnection {
     /// Time passed; call at `poll_timeout`.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.is_closed() {
+            return;
+        }
+        if self.handshake_deadline.is_some_and(|d| now >= d) {
+            self.close_with(CloseReason::HandshakeTimeout);
             return;
         }
         if now >= self.next_check {
@@ -331,10 +398,14 @@ impl ServerConnection {
         if self.is_closed() {
             return None;
         }
-        Some(match self.pending.next_deadline() {
-            Some(d) => d.min(self.next_check),
-            None => self.next_check,
-        })
+        let mut at = self.next_check;
+        if let Some(d) = self.pending.next_deadline() {
+            at = at.min(d);
+        }
+        if let Some(d) = self.handshake_deadline {
+            at = at.min(d);
+        }
+        Some(at)
     }
 
     /// Everything queued for the socket, in one buffer (one write).
@@ -348,17 +419,42 @@ impl ServerConnection {
 
     /// Answer to `ResumeRequested`: the stored session, if any.
     pub fn handle_resume_result(&mut self, record: Option<SessionRecord>, now: Instant) {
+        if !matches!(self.state, State::AwaitResume { .. }) {
+            return;
+        }
         let State::AwaitResume { request, packet_id } =
             std::mem::replace(&mut self.state, State::AwaitHandshake)
         else {
             return;
         };
+        self.resume(request, packet_id, record, now);
+        self.process_input(now);
+    }
+
+    fn resume(
+        &mut self,
+        request: FastConnect,
+        packet_id: i32,
+        record: Option<SessionRecord>,
+        now: Instant,
+    ) {
         let expired = |r: &SessionRecord| r.expire_at_ms <= self.unix_ms(now);
         let Some(record) = record.filter(|r| !expired(r)) else {
             return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         };
+        let v2_record = matches!(record.secret, SessionSecret::V2 { .. });
         if record.device.device_id != request.device_id {
-            return self.resume_refused(packet_id, ErrorCode::INVALID_DEVICE);
+            // On v2 a wrong device id looks exactly like a wrong proof, so a
+            // prober learns nothing about whose session it holds.
+            let code = if v2_record {
+                ErrorCode::SESSION_EXPIRED
+            } else {
+                ErrorCode::INVALID_DEVICE
+            };
+            return self.resume_refused(packet_id, code);
+        }
+        if self.config.require_v2 && !v2_record {
+            return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         }
         let heartbeat = self.negotiate_heartbeat(request.max_heartbeat);
         let (cipher, profile, accept) = match (&record.secret, &request.proof) {
@@ -398,7 +494,7 @@ impl ServerConnection {
         self.set_heartbeat(heartbeat, now);
         self.device = Some(record.device.clone());
         self.user = None;
-        self.state = State::Established;
+        self.establish();
         self.events.push_back(ServerEvent::Resumed {
             device: record.device,
             profile,
@@ -545,40 +641,108 @@ impl ServerConnection {
     }
 
     fn on_handshake(&mut self, p: &Packet, now: Instant) -> Result<(), ProtocolError> {
-        let body = if p.flags.contains(Flags::CRYPTO) {
-            let plain = self.config.private_key.decrypt(&mut self.rng, &p.body)?;
-            if p.flags.contains(Flags::COMPRESS) {
-                crypto::decompress(&plain, self.config.max_inflated)?
-            } else {
-                plain
+        if self.handshake_seen || !matches!(self.state, State::AwaitHandshake) {
+            // One full handshake per connection: a second one (a replay, or
+            // a flood of RSA work on one socket) ends it.
+            self.reply_error(
+                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::REPEAT_HANDSHAKE),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Refused("repeated handshake".into()));
+            return Ok(());
+        }
+        self.handshake_seen = true;
+        if !p.flags.contains(Flags::CRYPTO) {
+            // mpush accepts a plaintext handshake (spec 11.9); so do we,
+            // unless only v2 is served.
+            if self.config.require_v2 {
+                self.refuse_handshake(p.session_id, "plaintext handshake (v2 required)");
+                return Ok(());
             }
-        } else {
-            // mpush accepts a plaintext handshake (spec 11.9); so do we.
-            p.body.to_vec()
+            return self.complete_handshake(p.session_id, p.body.to_vec(), now);
+        }
+        let max = self.config.private_key.size() * self.config.max_handshake_blocks;
+        if p.body.is_empty() || p.body.len() > max {
+            self.refuse_handshake(p.session_id, "handshake ciphertext size");
+            return Ok(());
+        }
+        if self.config.offload_rsa {
+            self.state = State::AwaitDecrypt {
+                request: p.session_id,
+                flags: p.flags,
+            };
+            self.events.push_back(ServerEvent::DecryptRequested {
+                ciphertext: p.body.clone(),
+            });
+            return Ok(());
+        }
+        let plain = self.config.private_key.decrypt(&mut self.rng, &p.body);
+        self.after_decrypt(p.session_id, p.flags, plain, now)
+    }
+
+    /// Answer to `DecryptRequested`: the plaintext, or why it failed.
+    pub fn handle_decrypt_result(
+        &mut self,
+        result: Result<Vec<u8>, crate::error::CryptoError>,
+        now: Instant,
+    ) {
+        let State::AwaitDecrypt { request, flags } = self.state else {
+            return;
         };
+        self.state = State::AwaitHandshake;
+        if let Err(e) = self.after_decrypt(request, flags, result, now) {
+            self.reply_error(
+                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::DISPATCH_ERROR),
+                request,
+            );
+            self.close_with(CloseReason::Protocol(e));
+        }
+        self.process_input(now);
+    }
+
+    fn after_decrypt(
+        &mut self,
+        request: i32,
+        flags: Flags,
+        plain: Result<Vec<u8>, crate::error::CryptoError>,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        let plain = plain?;
+        let body = if flags.contains(Flags::COMPRESS) {
+            crypto::decompress(&plain, self.config.max_body)?
+        } else {
+            plain
+        };
+        self.complete_handshake(request, body, now)
+    }
+
+    fn complete_handshake(
+        &mut self,
+        request: i32,
+        body: Vec<u8>,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
         let mut hs = Handshake::from_bytes(&body)?;
         let key_bytes = zeroize::Zeroizing::new(std::mem::take(&mut hs.client_key));
         let (Ok(iv), Ok(client_key)) = (
             <[u8; 16]>::try_from(hs.iv.as_slice()),
             <[u8; 16]>::try_from(key_bytes.as_slice()),
         ) else {
-            self.refuse_handshake(p.session_id);
+            self.refuse_handshake(request, "invalid handshake parameters");
             return Ok(());
         };
-        if hs.device_id.is_empty() {
-            self.refuse_handshake(p.session_id);
+        let device = DeviceInfo {
+            device_id: hs.device_id,
+            os_name: hs.os_name,
+            os_version: hs.os_version,
+            client_version: hs.client_version,
+        };
+        if device.device_id.is_empty() {
+            self.refuse_handshake(request, "handshake without a device id");
             return Ok(());
         }
-        if self.is_established()
-            && self
-                .device
-                .as_ref()
-                .is_some_and(|d| d.device_id == hs.device_id)
-        {
-            self.reply_error(
-                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::REPEAT_HANDSHAKE),
-                p.session_id,
-            );
+        if let Err(field) = device.check_limits() {
+            self.refuse_handshake(request, field);
             return Ok(());
         }
         let v2 = self.config.enable_v2
@@ -586,6 +750,10 @@ impl ServerConnection {
                 .capabilities
                 .as_ref()
                 .is_some_and(|c| c.profile >= v2::PROFILE);
+        if self.config.require_v2 && !v2 {
+            self.refuse_handshake(request, "legacy handshake (v2 required)");
+            return Ok(());
+        }
         let server_key: [u8; 16] = random_array(&mut self.rng);
         let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
         let session_id = hex_id(&random_array::<16>(&mut self.rng));
@@ -600,11 +768,11 @@ impl ServerConnection {
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
         let client_key = AesKey(client_key);
         let reply_cipher = SessionCipher::cbc(&client_key, iv);
-        let packet = Sealer::seal_with(
+        let packet = self.sealer.seal_with(
             &reply_cipher,
             &mut self.rng,
             Command::HANDSHAKE,
-            p.session_id,
+            request,
             &ok.to_bytes(),
         );
         Frame::Packet(packet).encode(&mut self.out);
@@ -626,14 +794,8 @@ impl ServerConnection {
         self.sealer.set_cipher(Some(cipher));
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
-        let device = DeviceInfo {
-            device_id: hs.device_id,
-            os_name: hs.os_name,
-            os_version: hs.os_version,
-            client_version: hs.client_version,
-        };
         self.device = Some(device.clone());
-        self.state = State::Established;
+        self.establish();
         self.events.push_back(ServerEvent::HandshakeCompleted {
             session: Some(SessionRecord {
                 session_id,
@@ -647,17 +809,35 @@ impl ServerConnection {
         Ok(())
     }
 
-    fn refuse_handshake(&mut self, request: i32) {
+    fn refuse_handshake(&mut self, request: i32, why: &str) {
         self.reply_error(
             ErrorMessage::with_reason(Command::HANDSHAKE, ErrorCode::NONE, "Param invalid"),
             request,
         );
-        self.close_with(CloseReason::Refused("invalid handshake parameters".into()));
+        self.close_with(CloseReason::Refused(format!("handshake refused: {why}")));
+    }
+
+    fn establish(&mut self) {
+        self.state = State::Established;
+        self.handshake_deadline = None;
     }
 
     fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
+        if self.resume_seen || self.handshake_seen || !matches!(self.state, State::AwaitHandshake) {
+            self.reply_error(
+                ErrorMessage::new(Command::FAST_CONNECT, ErrorCode::REPEAT_HANDSHAKE),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Refused("repeated fast connect".into()));
+            return Ok(());
+        }
+        self.resume_seen = true;
         let fc = FastConnect::from_bytes(&p.body)?;
-        if fc.session_id.is_empty() {
+        if fc.session_id.is_empty()
+            || fc.session_id.len() > 64
+            || fc.device_id.len() > crate::session::limits::DEVICE_ID
+            || (self.config.require_v2 && fc.proof.is_none())
+        {
             self.resume_refused(p.session_id, ErrorCode::SESSION_EXPIRED);
             return Ok(());
         }
@@ -693,6 +873,14 @@ impl ServerConnection {
         }
         let body = self.open(p)?;
         let b = BindUser::from_bytes(&body)?;
+        if let Err(field) = crate::session::limits::check_bind(&b.user_id, &b.tags, &b.data) {
+            self.reply_error(
+                ErrorMessage::with_reason(p.cmd, ErrorCode::NONE, "invalid param"),
+                p.session_id,
+            );
+            self.close_with(CloseReason::Refused(format!("bind: `{field}` too long")));
+            return Ok(());
+        }
         if p.cmd == Command::UNBIND {
             self.events.push_back(ServerEvent::UnbindRequested {
                 request: p.session_id,
@@ -787,7 +975,9 @@ impl ServerConnection {
     /// Opens a received body. On v2 every body after the handshake must be
     /// sealed: a plaintext one could have been injected.
     fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
-        if self.profile == Profile::V2 && !p.flags.contains(Flags::CRYPTO) && !p.body.is_empty() {
+        // Empty bodies too: a sealed empty body still carries its AEAD tag,
+        // so nothing unauthenticated (an injected bare ACK) is accepted.
+        if self.profile == Profile::V2 && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty()) {
             return Err(ProtocolError::State("v2 requires sealed bodies"));
         }
         self.sealer.open(p)
@@ -826,12 +1016,7 @@ impl ServerConnection {
     }
 
     fn send_ack(&mut self, session_id: i32, ack: &Ack) {
-        let body = ack.to_bytes();
-        if body.is_empty() {
-            self.send_plain(Command::ACK, session_id, body);
-        } else {
-            self.send_reply(Command::ACK, session_id, body);
-        }
+        self.send_reply(Command::ACK, session_id, ack.to_bytes());
     }
 
     fn close_with(&mut self, reason: CloseReason) {

@@ -62,6 +62,34 @@ impl AckMode {
     }
 }
 
+/// Lengths (bytes) a server accepts for what a client says about itself and
+/// what it binds: enough for every real client, small enough that a session
+/// or a route entry costs a bounded amount of memory.
+pub mod limits {
+    pub const DEVICE_ID: usize = 128;
+    pub const OS_NAME: usize = 64;
+    pub const OS_VERSION: usize = 64;
+    pub const CLIENT_VERSION: usize = 64;
+    pub const USER_ID: usize = 128;
+    pub const TAGS: usize = 1024;
+    /// The bind token (`data`): room for a JWT with a few claims.
+    pub const BIND_TOKEN: usize = 4096;
+
+    /// Checks a BIND's fields; the error names the field that is too long.
+    pub fn check_bind(user_id: &str, tags: &str, token: &str) -> Result<(), &'static str> {
+        for (v, max, name) in [
+            (user_id, USER_ID, "userId"),
+            (tags, TAGS, "tags"),
+            (token, BIND_TOKEN, "data"),
+        ] {
+            if v.len() > max {
+                return Err(name);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a client said about itself in its handshake.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceInfo {
@@ -72,6 +100,25 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// Checks the lengths against [`limits`]; the error names the field.
+    pub fn check_limits(&self) -> Result<(), &'static str> {
+        for (v, max, name) in [
+            (&self.device_id, limits::DEVICE_ID, "deviceId"),
+            (&self.os_name, limits::OS_NAME, "osName"),
+            (&self.os_version, limits::OS_VERSION, "osVersion"),
+            (
+                &self.client_version,
+                limits::CLIENT_VERSION,
+                "clientVersion",
+            ),
+        ] {
+            if v.len() > max {
+                return Err(name);
+            }
+        }
+        Ok(())
+    }
+
     /// mpush's client type from the OS name: 1 mobile, 2 pc, 3 web, -1 unknown.
     pub fn client_type(&self) -> i32 {
         let os = self.os_name.to_lowercase();

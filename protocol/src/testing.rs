@@ -291,6 +291,13 @@ impl Pair {
                 self.sessions
                     .insert(session.session_id.clone(), session.clone());
             }
+            ServerEvent::DecryptRequested { ciphertext } => {
+                let plain = self
+                    .server_config
+                    .private_key
+                    .decrypt(&mut self.rng, ciphertext);
+                self.server.handle_decrypt_result(plain, self.now);
+            }
             ServerEvent::ResumeRequested { session_id, .. } => {
                 let record = self.sessions.get(session_id).cloned();
                 self.server.handle_resume_result(record, self.now);

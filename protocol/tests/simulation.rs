@@ -394,11 +394,19 @@ fn server_closes_a_connection_that_never_handshakes() {
     p.c2s.clear();
     p.c2s.faults.loss = 1.0;
     assert!(p.run_until(Duration::from_secs(120), |p| p.server.is_closed()));
+    // The handshake deadline (10 s), not the heartbeat check, ends it.
     let t = p.elapsed();
     assert!(
-        t >= Duration::from_secs(30) && t <= Duration::from_secs(45),
+        t >= Duration::from_secs(10) && t <= Duration::from_secs(11),
         "{t:?}"
     );
+    assert!(p.server_events.iter().any(|e| matches!(
+        e,
+        ServerEvent::Closed {
+            reason: CloseReason::HandshakeTimeout,
+            ..
+        }
+    )));
     assert!(p.client_events.iter().any(|e| matches!(
         e,
         ClientEvent::Closed {

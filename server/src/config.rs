@@ -44,9 +44,12 @@ pub struct Net {
 impl Default for Net {
     fn default() -> Self {
         Self {
-            tcp: "0.0.0.0:3000".into(),
-            ws: "0.0.0.0:8088".into(),
-            http: "0.0.0.0:9999".into(),
+            // Loopback by default: a local demo needs no credentials; a
+            // server reachable from other hosts is configured on purpose
+            // (and then must have its own key, bind auth and API tokens).
+            tcp: "127.0.0.1:3000".into(),
+            ws: "127.0.0.1:8088".into(),
+            http: "127.0.0.1:9999".into(),
             public_address: String::new(),
             public_ws_url: String::new(),
             demo_dir: "demo-web".into(),
@@ -57,14 +60,49 @@ impl Default for Net {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Security {
-    /// RSA private key, PKCS#8 as PEM or bare base64. Empty: mpush's public default key.
+    /// RSA private key, PKCS#8 as PEM or bare base64 (`mpush-server keygen`
+    /// writes one). Empty: mpush's *published* default key, which anyone can
+    /// decrypt handshakes with: loopback only, unless `allow_published_key`.
     pub private_key: String,
     /// Or read it from this file.
     pub private_key_file: String,
-    /// Bearer tokens accepted by the HTTP API. None: the API answers loopback clients only.
+    /// Opt-in: run listeners reachable from other hosts with mpush's published
+    /// RSA key (for deployed mpush apps that embed it; their traffic is not
+    /// confidential against anyone who has the key, i.e. everyone).
+    pub allow_published_key: bool,
+    /// Bearer tokens accepted by the HTTP API. None: the API answers loopback
+    /// clients only (and an HTTP listener reachable from other hosts needs
+    /// `anonymous_api_on_loopback`, since a local reverse proxy would make
+    /// every caller look local).
     pub api_tokens: Vec<String>,
-    /// HMAC secret for bind tokens. Empty: BIND is not authenticated (mpush's behaviour).
+    /// Opt-in: no API tokens although the HTTP listener is reachable from
+    /// other hosts; loopback callers (a local proxy too) are trusted.
+    pub anonymous_api_on_loopback: bool,
+    /// HMAC secret for mpush-style bind tokens (`<expiry>.<hex HMAC>`).
     pub bind_secret: String,
+    /// JWT bind tokens signed with HS256 and this secret (32+ characters).
+    pub jwt_secret: String,
+    /// JWT bind tokens signed with RS256 or ES256: the verifying public key (PEM).
+    pub jwt_public_key: String,
+    /// Or read it from this file.
+    pub jwt_public_key_file: String,
+    /// Required `iss` / `aud` claims, when set.
+    pub jwt_issuer: String,
+    pub jwt_audience: String,
+    /// Opt-in: accept unauthenticated binds (mpush's behaviour: anyone can
+    /// bind as any user and read that user's offline inbox) on listeners
+    /// reachable from other hosts. Loopback listeners always may.
+    pub anonymous_bind: bool,
+    /// Serve only the v2 profile: legacy, plaintext and JSON handshakes and
+    /// legacy fast connects are refused.
+    pub require_v2: bool,
+    /// Keep resumable session secrets in Redis unencrypted, in mpush's value
+    /// format (to share sessions with Java mpush nodes during a migration).
+    /// Default: sealed with a key derived from the server's RSA key.
+    pub plaintext_sessions_at_rest: bool,
+    /// Host names the HTTP API answers to (DNS-rebinding defence), besides
+    /// IP literals and `localhost`; `*` allows any.
+    pub allowed_hosts: Vec<String>,
     /// Origins whose pages may call the HTTP API from a browser (CORS), e.g.
     /// `https://admin.example.com`; `*` allows any. Empty: no CORS headers.
     pub cors_origins: Vec<String>,
@@ -86,6 +124,30 @@ pub struct Limits {
     pub max_heartbeat_ms: u64,
     /// WebSocket read buffer per connection (small: idle connections stay cheap).
     pub ws_read_buffer: usize,
+    /// Open connections per client IP (carrier NAT puts many phones behind one).
+    pub max_connections_per_ip: usize,
+    /// A connection that has not completed its handshake by then is closed.
+    pub handshake_timeout_ms: u64,
+    /// Threads doing RSA handshakes at once (0: one per core), handshakes
+    /// waiting for one at most, and RSA handshakes per second per client IP.
+    pub rsa_workers: usize,
+    pub rsa_queue: usize,
+    pub rsa_per_ip: u32,
+    /// TCP keepalive idle time on accepted sockets (0: off).
+    pub tcp_keepalive_secs: u64,
+    /// HTTP API: time to send a request's headers, idle time between
+    /// requests on a kept-alive connection, and open connections at most.
+    pub http_header_timeout_ms: u64,
+    pub http_idle_timeout_ms: u64,
+    pub http_max_connections: usize,
+    /// Resumable sessions kept in memory (embedded store): by count and by
+    /// bytes; over either, the oldest are forgotten (their clients do a full
+    /// handshake next time).
+    pub max_sessions: usize,
+    pub max_session_bytes: usize,
+    /// Topics one user may subscribe to, and subscribers of one topic.
+    pub max_topics_per_user: usize,
+    pub max_subscribers_per_topic: usize,
 }
 
 impl Default for Limits {
@@ -99,6 +161,19 @@ impl Default for Limits {
             min_heartbeat_ms: 180_000,
             max_heartbeat_ms: 180_000,
             ws_read_buffer: 4096,
+            max_connections_per_ip: 10_000,
+            handshake_timeout_ms: 10_000,
+            rsa_workers: 0,
+            rsa_queue: 512,
+            rsa_per_ip: 100,
+            tcp_keepalive_secs: 60,
+            http_header_timeout_ms: 10_000,
+            http_idle_timeout_ms: 60_000,
+            http_max_connections: 1024,
+            max_sessions: 1_000_000,
+            max_session_bytes: 256 << 20,
+            max_topics_per_user: 256,
+            max_subscribers_per_topic: 1_000_000,
         }
     }
 }
@@ -111,8 +186,10 @@ pub struct Delivery {
     pub ack_retries: u32,
     /// How long trace states are kept (7 days).
     pub trace_ttl_secs: u64,
-    /// Traces kept in memory at most (the embedded store); the oldest go first.
+    /// Traces kept in memory at most (the embedded store), by count and by
+    /// bytes; the oldest go first.
     pub trace_max: usize,
+    pub trace_max_bytes: usize,
     /// Messages kept per offline user; more are refused (reported, never dropped silently).
     pub inbox_max: usize,
     /// Longest `ttlSeconds` accepted.
@@ -133,6 +210,7 @@ impl Default for Delivery {
             ack_retries: 3,
             trace_ttl_secs: 7 * 86_400,
             trace_max: 1_000_000,
+            trace_max_bytes: 256 << 20,
             inbox_max: 1000,
             max_ttl_secs: 7 * 86_400,
             push_rate: 50_000,
@@ -172,8 +250,15 @@ pub struct Cluster {
     pub redis: String,
     /// This node's id; empty: a random one at each start.
     pub node_id: String,
-    /// Node-to-node port (mpush's gateway port).
+    /// Node-to-node port (mpush's gateway port); loopback by default.
     pub internal: String,
+    /// Shared secret of the nodes (32+ characters): a peer proves it with an
+    /// HMAC challenge before any push is read. Required when the node port
+    /// is reachable from other hosts, unless `allow_unauthenticated_peers`.
+    pub secret: String,
+    /// Opt-in: a node port reachable from other hosts without a secret
+    /// (anyone who reaches it can push to any user on this node).
+    pub allow_unauthenticated_peers: bool,
     /// Host other nodes and clients reach this node at; empty: the bound IP
     /// (127.0.0.1 when bound to all interfaces).
     pub advertise_host: String,
@@ -192,7 +277,9 @@ impl Default for Cluster {
         Self {
             redis: String::new(),
             node_id: String::new(),
-            internal: "0.0.0.0:3001".into(),
+            internal: "127.0.0.1:3001".into(),
+            secret: String::new(),
+            allow_unauthenticated_peers: false,
             advertise_host: String::new(),
             route_ttl_secs: 90,
             route_refresh_secs: 30,
@@ -229,6 +316,8 @@ pub struct Validated {
     pub private_key: Arc<RsaPrivate>,
     /// True when the key is mpush's public default.
     pub default_key: bool,
+    /// Who may bind as whom.
+    pub bind_auth: Arc<crate::auth::BindAuth>,
 }
 
 impl Settings {
@@ -336,6 +425,29 @@ impl Settings {
                 ));
             }
         }
+        if l.max_connections_per_ip == 0
+            || l.handshake_timeout_ms < 1000
+            || l.rsa_queue == 0
+            || l.rsa_per_ip == 0
+            || l.http_max_connections == 0
+            || l.http_header_timeout_ms < 100
+            || l.http_idle_timeout_ms < 100
+            || l.max_sessions == 0
+            || l.max_session_bytes < 1 << 20
+            || l.max_topics_per_user == 0
+            || l.max_subscribers_per_topic == 0
+        {
+            return Err(invalid(
+                "limits",
+                "caps must be at least 1, handshake_timeout_ms at least 1000, HTTP timeouts at least 100 ms, max_session_bytes at least 1 MiB",
+            ));
+        }
+        if d.trace_max_bytes < 1 << 20 {
+            return Err(invalid(
+                "delivery.trace_max_bytes",
+                "must be at least 1 MiB",
+            ));
+        }
         if self.security.api_tokens.iter().any(|t| t.len() < 16) {
             return Err(invalid(
                 "security.api_tokens",
@@ -361,6 +473,48 @@ impl Settings {
         };
         let private_key = RsaPrivate::from_text(&text)
             .map_err(|e| invalid("security.private_key", e.to_string()))?;
+        let bind_auth = crate::auth::BindAuth::new(s).map_err(|e| invalid("security.jwt", e))?;
+        if !c.redis.is_empty() && !c.secret.is_empty() && c.secret.len() < 32 {
+            return Err(invalid(
+                "cluster.secret",
+                "needs 32 characters or more (e.g. `openssl rand -hex 32`)",
+            ));
+        }
+        // Secure by default: what other hosts can reach needs a credential,
+        // or an opt-in whose name says what it gives away.
+        let exposed = |a: &SocketAddr| !a.ip().is_loopback();
+        let gateways_exposed = exposed(&tcp) || ws.as_ref().is_some_and(exposed);
+        let mut missing = Vec::new();
+        if gateways_exposed && default_key && !s.allow_published_key {
+            missing.push(
+                "security.private_key (make one with `mpush-server keygen`), or security.allow_published_key = true to keep mpush's published key",
+            );
+        }
+        if gateways_exposed && bind_auth.is_anonymous() && !s.anonymous_bind {
+            missing.push(
+                "security.jwt_secret, security.jwt_public_key or security.bind_secret (bind authentication), or security.anonymous_bind = true",
+            );
+        }
+        if exposed(&http) && s.api_tokens.is_empty() && !s.anonymous_api_on_loopback {
+            missing.push("security.api_tokens, or security.anonymous_api_on_loopback = true");
+        }
+        if !c.redis.is_empty() {
+            let internal = addr("cluster.internal", &c.internal)?;
+            if exposed(&internal) && c.secret.is_empty() && !c.allow_unauthenticated_peers {
+                missing.push(
+                    "cluster.secret (the node port is reachable from other hosts), or cluster.allow_unauthenticated_peers = true",
+                );
+            }
+        }
+        if !missing.is_empty() {
+            return Err(invalid(
+                "security",
+                format!(
+                    "listeners reachable from other hosts need: {}",
+                    missing.join("; ")
+                ),
+            ));
+        }
         Ok(Validated {
             settings: self,
             tcp,
@@ -368,6 +522,7 @@ impl Settings {
             http,
             private_key: Arc::new(private_key),
             default_key,
+            bind_auth: Arc::new(bind_auth),
         })
     }
 }

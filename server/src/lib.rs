@@ -6,6 +6,7 @@
 //! control), `store` (storage behind traits; in memory by default), `api` (HTTP).
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -119,16 +120,19 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
         hub: hub.clone(),
         metrics: metrics_handle(),
     };
-    let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let mut stop = hub.shutdown.subscribe();
-    tasks.push(tokio::spawn(async move {
-        let serve = axum::serve(http, app).with_graceful_shutdown(async move {
-            let _ = stop.changed().await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "HTTP API stopped");
-        }
-    }));
+    let app = api::router(state);
+    let l = &cfg.settings.limits;
+    let limits = api::serve::HttpLimits {
+        max_connections: l.http_max_connections,
+        header_timeout: Duration::from_millis(l.http_header_timeout_ms),
+        idle_timeout: Duration::from_millis(l.http_idle_timeout_ms),
+    };
+    tasks.push(tokio::spawn(api::serve::serve(
+        http,
+        app,
+        limits,
+        hub.shutdown.subscribe(),
+    )));
     Ok(Running {
         tcp: tcp_addr,
         ws: ws_addr,

@@ -8,10 +8,12 @@ use clap::Parser;
 use mpush_server::Settings;
 
 /// The mpush reference push server. With no flags and no config file it runs
-/// complete on this machine, keeping everything in memory.
+/// complete on this machine (on loopback), keeping everything in memory.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// TCP gateway address (mpush's connect port).
     #[arg(long, value_name = "ADDR")]
     tcp: Option<String>,
@@ -29,6 +31,42 @@ struct Cli {
     config: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Sub {
+    /// Writes a fresh RSA key pair: the private key (PKCS#8 PEM) to `--out`,
+    /// and prints the public key that apps embed (`ClientConfig.setPublicKey`).
+    Keygen {
+        /// Where to write the private key (refuses to overwrite).
+        #[arg(long, default_value = "mpush-private-key.pem")]
+        out: PathBuf,
+        /// Key size in bits.
+        #[arg(long, default_value_t = 2048)]
+        bits: usize,
+    },
+    /// Mints a JWT bind token for tests and demos, with the configured
+    /// `security.jwt_secret` (HS256) or a PEM private key (`--key`).
+    Token {
+        /// The user id (`sub`).
+        #[arg(long)]
+        user: String,
+        /// How long it is valid: `90s`, `30m`, `1h`, `7d`.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// Restrict it to one client type (1 mobile, 2 pc, 3 web).
+        #[arg(long)]
+        client_type: Option<i32>,
+        /// Fix the bound tags (they replace what the client sends).
+        #[arg(long)]
+        tags: Option<String>,
+        /// Sign with this PEM private key (RS256, or ES256 with `--alg ES256`)
+        /// instead of the configured secret.
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+        #[arg(long, default_value = "RS256")]
+        alg: String,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -39,6 +77,41 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let mut settings = Settings::load(cli.config.as_deref())?;
+    match cli.command {
+        Some(Sub::Keygen { out, bits }) => return keygen(&out, bits),
+        Some(Sub::Token {
+            user,
+            ttl,
+            client_type,
+            tags,
+            key,
+            alg,
+        }) => {
+            let key = match key {
+                Some(f) => {
+                    let pem = std::fs::read_to_string(&f)
+                        .with_context(|| format!("reading {}", f.display()))?;
+                    match alg.as_str() {
+                        "RS256" => mpush_server::auth::MintKey::RsaPem(pem),
+                        "ES256" => mpush_server::auth::MintKey::EcPem(pem),
+                        other => anyhow::bail!("--alg {other}: RS256 or ES256"),
+                    }
+                }
+                None if !settings.security.jwt_secret.is_empty() => {
+                    mpush_server::auth::MintKey::Secret(settings.security.jwt_secret.clone())
+                }
+                None => anyhow::bail!(
+                    "no signing key: set security.jwt_secret (or MPUSH__SECURITY__JWT_SECRET), or pass --key"
+                ),
+            };
+            let ttl = parse_ttl(&ttl)?;
+            let t = mpush_server::auth::mint_jwt(&key, &user, ttl, client_type, tags)
+                .map_err(|e| anyhow::anyhow!("minting: {e}"))?;
+            println!("{t}");
+            return Ok(());
+        }
+        None => {}
+    }
     if let Some(a) = cli.tcp {
         settings.net.tcp = a;
     }
@@ -60,8 +133,8 @@ async fn main() -> anyhow::Result<()> {
         .context("starting the server")?;
     if default_key {
         tracing::warn!(
-            "USING MPUSH'S PUBLIC DEFAULT RSA KEY: anyone can decrypt handshakes made with it. \
-             Fine for trying things out; set security.private_key for anything real."
+            "USING MPUSH'S PUBLISHED RSA KEY: anyone can decrypt handshakes made with it. \
+             Fine on loopback; make your own with `mpush-server keygen` for anything real."
         );
     }
     if open_api {
@@ -93,6 +166,54 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("shutting down: draining connections");
     running.shutdown().await;
     Ok(())
+}
+
+fn keygen(out: &std::path::Path, bits: usize) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    anyhow::ensure!((2048..=4096).contains(&bits), "--bits: 2048 to 4096");
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("OS random: {e}"))?;
+    let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(seed);
+    let (key, der) = mpush_protocol::crypto::RsaPrivate::generate(&mut rng, bits)?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = b64.encode(&der);
+    let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END PRIVATE KEY-----\n");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(out)
+        .with_context(|| format!("creating {} (it must not exist)", out.display()))?;
+    f.write_all(pem.as_bytes())?;
+    let public = b64.encode(key.public().to_spki_der()?);
+    println!("private key written to {} (mode 600)", out.display());
+    println!(
+        "server setting:  security.private_key_file = \"{}\"",
+        out.display()
+    );
+    println!("public key for apps (ClientConfig.setPublicKey / publicKey option):");
+    println!("{public}");
+    Ok(())
+}
+
+fn parse_ttl(s: &str) -> anyhow::Result<u64> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().context("--ttl: a number and s, m, h or d")?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        other => anyhow::bail!("--ttl: unknown unit `{other}`"),
+    };
+    Ok(n * mult)
 }
 
 fn loopback(a: std::net::SocketAddr) -> String {

@@ -223,8 +223,7 @@ async fn bind_tokens_are_checked_when_a_secret_is_set() {
         matches!(e, mpush_protocol::client::ClientEvent::Closed { .. })
     })
     .await;
-    let token =
-        mpush_server::gateway::conn::sign_bind_token("bind-secret", "hank", unix_ms() / 1000 + 60);
+    let token = mpush_server::auth::sign_bind_token("bind-secret", "hank", unix_ms() / 1000 + 60);
     let mut c = TestClient::connect(&server, Via::Tcp, true, device("bt-1", "android"), None).await;
     c.connected().await;
     c.bind_with_token("hank", "", &token).await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use mpush_protocol::client::ClientEvent;
 use mpush_server::{Running, Settings};
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -109,11 +109,14 @@ async fn wait_for_nodes(api: &Api, n: usize) {
     panic!("the cluster never listed {n} nodes");
 }
 
+const NODE_SECRET: &str = "test-node-secret-0123456789abcdef";
+
 fn node_settings(redis: &str, id: &str) -> Settings {
     let mut s = settings();
     s.cluster.redis = redis.into();
     s.cluster.node_id = id.into();
     s.cluster.internal = "127.0.0.1:0".into();
+    s.cluster.secret = NODE_SECRET.into();
     s.cluster.route_refresh_secs = 1;
     s.cluster.route_ttl_secs = 10;
     s.cluster.node_renew_secs = 1;
@@ -326,6 +329,7 @@ fn spawn_node(redis: &str, id: &str) -> NodeProcess {
         ])
         .env("MPUSH__CLUSTER__NODE_ID", id)
         .env("MPUSH__CLUSTER__INTERNAL", "127.0.0.1:0")
+        .env("MPUSH__CLUSTER__SECRET", NODE_SECRET)
         .env("MPUSH__CLUSTER__NODE_RENEW_SECS", "1")
         .env("MPUSH__CLUSTER__NODE_TTL_SECS", "3")
         .env("MPUSH__CLUSTER__TIMEOUT_MS", "500")
@@ -739,4 +743,63 @@ async fn nodes_share_a_redis_cluster() {
         .await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A stranger on the node port: it is answered with a challenge and closed
+/// when it cannot prove the secret, before the push it sent is read.
+#[tokio::test]
+async fn the_node_port_reads_nothing_from_a_peer_without_the_secret() {
+    use mpush_protocol::packet::{Command, Flags, Frame, Packet};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let mut on_b = on(&n[1], "bea", "bea-phone", "android", "").await;
+    let redis::Value::BulkString(node) = redis.query(&["GET", "mp:{n}:node:B"]).await else {
+        panic!("node B is registered");
+    };
+    let node: Value = serde_json::from_slice(&node).expect("json");
+    let internal = node["internal"]
+        .as_str()
+        .expect("internal address")
+        .to_owned();
+    for guess in [[0u8; 32], [7u8; 32]] {
+        let mut s = tokio::net::TcpStream::connect(&internal)
+            .await
+            .expect("connects");
+        let mut hello = [0u8; 36];
+        s.read_exact(&mut hello).await.expect("a challenge");
+        assert_eq!(&hello[..4], b"MPN1");
+        let mut bytes = b"MPN1".to_vec();
+        bytes.extend_from_slice(&[1u8; 32]);
+        bytes.extend_from_slice(&guess);
+        let push = mpush_protocol::message::v2::NodePush {
+            user_id: "bea".into(),
+            message_id: 1,
+            content: b"forged".to_vec(),
+            ..Default::default()
+        };
+        let frame = Frame::Packet(Packet::new(
+            Command::NODE_PUSH,
+            1,
+            Flags::NONE,
+            prost::Message::encode_to_vec(&push),
+        ));
+        bytes.extend_from_slice(&frame.to_bytes());
+        s.write_all(&bytes).await.expect("writes");
+        let mut buf = [0u8; 64];
+        let r = tokio::time::timeout(WAIT, s.read(&mut buf))
+            .await
+            .expect("closed in time");
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "closed without an answer: {r:?}"
+        );
+    }
+    // Nodes that know the secret still forward.
+    let (st, _) = Api::new(&n[0])
+        .post("/api/v1/push", json!({"userId": "bea", "content": "real"}))
+        .await;
+    assert_eq!(st, 200);
+    on_b.message("real").await;
+    assert!(!on_b.messages().iter().any(|m| m == "forged"));
 }

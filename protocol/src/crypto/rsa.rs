@@ -93,6 +93,19 @@ impl RsaPrivate {
         Ok(Self { key })
     }
 
+    /// A fresh key of `bits` bits and its PKCS#8 DER encoding (what
+    /// `from_text` reads back, as PEM or base64).
+    pub fn generate(rng: &mut Rng, bits: usize) -> Result<(Self, Vec<u8>), CryptoError> {
+        use rsa::pkcs8::EncodePrivateKey;
+        let key = RsaPrivateKey::new(rng, bits).map_err(|e| CryptoError::Key(e.to_string()))?;
+        let der = key
+            .to_pkcs8_der()
+            .map_err(|e| CryptoError::Key(e.to_string()))?
+            .as_bytes()
+            .to_vec();
+        Ok((Self { key }, der))
+    }
+
     /// The key's public half.
     pub fn public(&self) -> RsaPublic {
         RsaPublic {
@@ -149,6 +162,17 @@ impl RsaPublic {
 
     pub fn size(&self) -> usize {
         self.key.size()
+    }
+
+    /// X.509 SubjectPublicKeyInfo DER: base64 of it is what mpush clients embed.
+    pub fn to_spki_der(&self) -> Result<Vec<u8>, CryptoError> {
+        use rsa::pkcs8::EncodePublicKey;
+        Ok(self
+            .key
+            .to_public_key_der()
+            .map_err(|e| CryptoError::Key(e.to_string()))?
+            .as_bytes()
+            .to_vec())
     }
 
     /// Encrypts in `k - 11`-byte chunks, each to exactly `k` bytes.

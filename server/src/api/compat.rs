@@ -7,13 +7,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::Json;
 use axum::body::Bytes as BodyBytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use mpush_protocol::session::AckMode;
 use serde_json::{Value, json};
 
-use super::{ApiError, ApiState, check_user, draining, start_topic_push};
+use super::{
+    ApiError, ApiState, check_content, check_topic, check_trace_id, check_user, draining,
+    start_topic_push,
+};
 use crate::push::MessageSpec;
 use crate::store::TraceState;
 
@@ -64,12 +67,24 @@ fn flag(p: &HashMap<String, String>, k: &str) -> bool {
 /// `POST|GET /exec?method=push|topicPush|queryTrace` (mpush manual 6.2, 6.5, 7.2).
 pub async fn exec(
     State(s): State<ApiState>,
+    http_method: Method,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Json<Value>, ApiError> {
     let p = params(query, &headers, &body)?;
     let method = p.get("method").map(String::as_str).unwrap_or("");
+    // A GET with side effects is what an <img src> on any page can send:
+    // only with a bearer token (which the auth layer already checked).
+    if http_method == Method::GET
+        && matches!(method, "push" | "topicPush")
+        && s.hub.cfg.settings.security.api_tokens.is_empty()
+    {
+        return Err(ApiError::method_not_allowed(format!(
+            "method={method} changes state: use POST (GET needs a bearer token)"
+        )));
+    }
+    check_trace_id(p.get("traceId").map(String::as_str))?;
     let need = |k: &str| {
         p.get(k)
             .filter(|v| !v.is_empty())
@@ -80,6 +95,19 @@ pub async fn exec(
             .get("msgbody")
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ApiError::bad_request("`msgbody` is required"))?;
+        check_content(&s.hub, body.as_bytes())?;
+        let max_ttl = s.hub.cfg.settings.delivery.max_ttl_secs;
+        let ttl_secs = match p.get("ttl").filter(|t| !t.is_empty()) {
+            None => 0,
+            Some(t) => match t.parse::<u64>() {
+                Ok(v) if v <= max_ttl => v,
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "`ttl` is a number of seconds, at most {max_ttl}"
+                    )));
+                }
+            },
+        };
         Ok(MessageSpec {
             content: Bytes::copy_from_slice(body.as_bytes()),
             ack_mode: if flag(p, "ack") {
@@ -88,11 +116,7 @@ pub async fn exec(
                 AckMode::None
             },
             client_type: None,
-            ttl_secs: p
-                .get("ttl")
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(0)
-                .min(s.hub.cfg.settings.delivery.max_ttl_secs),
+            ttl_secs,
             ack_timeout: None,
         })
     };
@@ -110,6 +134,7 @@ pub async fn exec(
         }
         "topicPush" => {
             let topic = need("topic")?.clone();
+            check_topic(&topic)?;
             let spec = spec(&p)?;
             draining(&s.hub)?;
             let (trace_id, n) =
@@ -223,6 +248,9 @@ pub async fn alloc_push(
     let str_field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let user = str_field("userId");
     let hello = str_field("hello");
+    if hello.len() > 1024 {
+        return Err(ApiError::bad_request("`hello` is at most 1024 bytes"));
+    }
     let broadcast = v.get("broadcast").and_then(Value::as_bool).unwrap_or(false);
     let notification = json!({
         "content": format!("MPush开源推送，{hello}"),

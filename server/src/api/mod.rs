@@ -3,6 +3,7 @@
 
 mod compat;
 mod error;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,7 +70,75 @@ pub fn router(state: ApiState) -> Router {
             .nest_service("/demo/", ServeDir::new(dir));
     }
     app.fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::from_fn_with_state(state.clone(), same_site))
         .with_state(state)
+}
+
+/// DNS rebinding and cross-site requests: the `Host` must be an IP literal,
+/// `localhost` or one of `security.allowed_hosts`; a state-changing request
+/// that a browser sent from another site (its `Origin`, or
+/// `Sec-Fetch-Site: cross-site`) must come from a configured CORS origin.
+async fn same_site(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    let sec = &s.hub.cfg.settings.security;
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !host.is_empty() && !host_allowed(host, &sec.allowed_hosts) {
+        metrics::counter!("mpush_api_refused_total", "reason" => "host").increment(1);
+        return ApiError::forbidden(format!(
+            "host `{host}` is not served here (security.allowed_hosts)"
+        ))
+        .into_response();
+    }
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if !safe {
+        let origin = req
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|o| o.to_str().ok());
+        let cross = match origin {
+            Some(o) => !same_origin(o, host) && !origin_allowed(o, &sec.cors_origins),
+            None => {
+                req.headers()
+                    .get("sec-fetch-site")
+                    .is_some_and(|v| v.as_bytes() == b"cross-site")
+                    && !sec.cors_origins.iter().any(|o| o == "*")
+            }
+        };
+        if cross {
+            metrics::counter!("mpush_api_refused_total", "reason" => "origin").increment(1);
+            return ApiError::forbidden(
+                "cross-site request refused (security.cors_origins lists the pages that may call the API)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let Ok(a) = host.parse::<axum::http::uri::Authority>() else {
+        return false;
+    };
+    let name = a.host().trim_start_matches('[').trim_end_matches(']');
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed
+            .iter()
+            .any(|h| h == "*" || h.eq_ignore_ascii_case(name) || h.eq_ignore_ascii_case(host))
+}
+
+fn same_origin(origin: &str, host: &str) -> bool {
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    rest.is_some_and(|r| !host.is_empty() && r.eq_ignore_ascii_case(host))
+}
+
+fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|o| o == "*" || o == origin)
 }
 
 /// The CORS layer for the configured origins (`*`: any), if any.
@@ -119,10 +188,15 @@ async fn auth(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
+        // Constant time over digests (no length or prefix oracle), and every
+        // token is compared.
         let ok = given.is_some_and(|g| {
-            tokens
-                .iter()
-                .any(|t| mpush_protocol::crypto::verify_mac(t.as_bytes(), g.as_bytes()))
+            use sha2::Digest as _;
+            let g = sha2::Sha256::digest(g.as_bytes());
+            tokens.iter().fold(false, |hit, t| {
+                let t = sha2::Sha256::digest(t.as_bytes());
+                mpush_protocol::crypto::verify_mac(&t, &g) | hit
+            })
         });
         if !ok {
             return ApiError::unauthorized("missing or wrong bearer token").into_response();
@@ -175,13 +249,7 @@ impl MessageBody {
             }
         };
         // Room for the envelope, padding and the AEAD tag inside one packet.
-        let max = hub.cfg.settings.limits.max_packet_size.saturating_sub(256);
-        if content.len() > max {
-            return Err(ApiError::bad_request(format!(
-                "content is {} bytes; at most {max}",
-                content.len()
-            )));
-        }
+        check_content(hub, &content)?;
         let ack_mode = parse_ack_mode(self.ack_mode.as_deref())?;
         let ttl_secs = self.ttl_seconds.unwrap_or(0);
         let max_ttl = hub.cfg.settings.delivery.max_ttl_secs;
@@ -195,9 +263,7 @@ impl MessageBody {
         {
             return Err(ApiError::bad_request("timeoutMs must be 100 to 600000"));
         }
-        if self.trace_id.as_ref().is_some_and(|t| t.len() > 128) {
-            return Err(ApiError::bad_request("traceId is at most 128 characters"));
-        }
+        check_trace_id(self.trace_id.as_deref())?;
         Ok(MessageSpec {
             content,
             ack_mode,
@@ -206,6 +272,28 @@ impl MessageBody {
             ack_timeout: self.timeout_ms.map(std::time::Duration::from_millis),
         })
     }
+}
+
+/// A push no client could accept is refused, never stored.
+pub fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
+    // Room for the envelope, padding and the AEAD tag inside one packet.
+    let max = hub.cfg.settings.limits.max_packet_size.saturating_sub(256);
+    if content.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "content is {} bytes; at most {max}",
+            content.len()
+        )));
+    }
+    Ok(())
+}
+
+pub fn check_trace_id(t: Option<&str>) -> Result<(), ApiError> {
+    if t.is_some_and(|t| t.len() > 128 || t.chars().any(char::is_control)) {
+        return Err(ApiError::bad_request(
+            "traceId is at most 128 characters, none of them control characters",
+        ));
+    }
+    Ok(())
 }
 
 pub fn parse_ack_mode(s: Option<&str>) -> Result<AckMode, ApiError> {
@@ -346,7 +434,7 @@ async fn broadcast(
     Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": trace_id }))))
 }
 
-fn check_topic(t: &str) -> Result<(), ApiError> {
+pub fn check_topic(t: &str) -> Result<(), ApiError> {
     if t.is_empty() || t.len() > 128 {
         return Err(ApiError::bad_request("topic must be 1 to 128 characters"));
     }

@@ -6,6 +6,7 @@
 //! while connected), channels `mp:events` (join/leave), `mp:broadcast`,
 //! `mp:kick:<nodeId>`.
 
+pub mod node_auth;
 pub mod peer;
 pub mod redis_conn;
 
@@ -102,9 +103,9 @@ impl Cluster {
         Ok(Arc::new(Self {
             node_id,
             redis,
+            peers: peer::Peers::new(cfg.settings.cluster.secret.clone()),
             cfg,
             me: Mutex::new(None),
-            peers: peer::Peers::default(),
             live: Mutex::new(HashMap::new()),
         }))
     }

@@ -33,12 +33,20 @@ struct Peer {
     tx: mpsc::Sender<(v2::NodePush, Reply)>,
 }
 
-#[derive(Default)]
 pub struct Peers {
     peers: Mutex<HashMap<String, Peer>>,
+    /// `cluster.secret`, proven to each peer before anything is sent.
+    secret: Arc<str>,
 }
 
 impl Peers {
+    pub fn new(secret: String) -> Self {
+        Self {
+            peers: Mutex::new(HashMap::new()),
+            secret: secret.into(),
+        }
+    }
+
     /// Forwards one push to the node listening on `addr`.
     pub async fn forward(
         &self,
@@ -53,7 +61,13 @@ impl Peers {
                 Some(p) if !p.tx.is_closed() => p.clone(),
                 _ => {
                     let (tx, rx) = mpsc::channel(1024);
-                    tokio::spawn(run_peer(node.to_owned(), addr.to_owned(), rx, timeout));
+                    tokio::spawn(run_peer(
+                        node.to_owned(),
+                        addr.to_owned(),
+                        self.secret.clone(),
+                        rx,
+                        timeout,
+                    ));
                     let p = Peer { tx };
                     peers.insert(addr.to_owned(), p.clone());
                     p
@@ -77,6 +91,7 @@ impl Peers {
 async fn run_peer(
     node: String,
     addr: String,
+    secret: Arc<str>,
     mut rx: mpsc::Receiver<(v2::NodePush, Reply)>,
     timeout: Duration,
 ) {
@@ -87,6 +102,10 @@ async fn run_peer(
         Err(_) => return fail_all(&mut rx, unreachable("connect timed out".into())),
     };
     let _ = stream.set_nodelay(true);
+    if let Err(e) = super::node_auth::connect(&mut stream, &secret, timeout).await {
+        tracing::warn!(%node, %addr, error = %e, "node authentication failed");
+        return fail_all(&mut rx, unreachable(e.to_string()));
+    }
     let pending: Arc<Mutex<HashMap<i32, Reply>>> = Arc::default();
     let mut next_id: i32 = 1;
     let mut inbuf = BytesMut::with_capacity(4096);

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use hmac::{KeyInit, Mac};
 use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::message::Redirect;
@@ -19,6 +18,7 @@ use parking_lot::RwLock;
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
+use super::limits::IpSlot;
 use super::registry::{ConnCommand, ConnHandle, ConnInfo, Kick};
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
@@ -115,10 +115,13 @@ struct Driver<T: Transport> {
     tx: Option<mpsc::Sender<ConnCommand>>,
     sent: HashMap<u64, Sent>,
     draining: bool,
+    accepted: Instant,
+    /// This connection's place in its address's count; freed with the driver.
+    _slot: IpSlot,
 }
 
 /// Serves one accepted connection until it closes.
-pub async fn serve<T: Transport>(transport: T, hub: Arc<Hub>, peer: SocketAddr) {
+pub async fn serve<T: Transport>(transport: T, hub: Arc<Hub>, peer: SocketAddr, slot: IpSlot) {
     let now = Instant::now();
     let conn_id = hub.next_conn_id();
     let machine = Machine::Binary(Box::new(ServerConnection::new(
@@ -139,6 +142,8 @@ pub async fn serve<T: Transport>(transport: T, hub: Arc<Hub>, peer: SocketAddr) 
         tx: Some(tx),
         sent: HashMap::new(),
         draining: false,
+        accepted: now,
+        _slot: slot,
     };
     d.run(rx).await;
 }
@@ -175,12 +180,17 @@ impl<T: Transport> Driver<T> {
                     Ok(Incoming::Text(t)) => {
                         if first_frame {
                             // mpush's JavaScript client speaks JSON text frames.
-                            self.machine = Machine::Json(Box::new(JsonServerConnection::new(self.hub.proto.clone())));
+                            self.machine = Machine::Json(Box::new(JsonServerConnection::new(self.hub.proto.clone(), self.accepted)));
                             first_frame = false;
                         }
                         match &mut self.machine {
                             Machine::Json(m) => m.handle_text(&t, Instant::now()),
                             Machine::Binary(m) => m.close(),
+                        }
+                    }
+                    Ok(Incoming::Activity) => {
+                        if let Machine::Json(m) = &mut self.machine {
+                            m.handle_activity(Instant::now());
                         }
                     }
                     Ok(Incoming::Eof) | Err(_) => break,
@@ -321,6 +331,13 @@ impl<T: Transport> Driver<T> {
                     }
                 }
                 Machine::Json(m) => {
+                    if m.poll_ping() {
+                        busy = true;
+                        let t = self.hub.cfg.write_timeout();
+                        tokio::time::timeout(t, self.transport.ping())
+                            .await
+                            .map_err(|_| slow())??;
+                    }
                     while let Some(text) = m.poll_transmit() {
                         busy = true;
                         let t = self.hub.cfg.write_timeout();
@@ -360,6 +377,23 @@ impl<T: Transport> Driver<T> {
                 }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
+            }
+            ServerEvent::DecryptRequested { ciphertext } => {
+                // Off the async workers, within the address's budget, and
+                // never past the handshake deadline.
+                let wait = self.hub.proto.handshake_timeout;
+                let r =
+                    tokio::time::timeout(wait, self.hub.rsa.decrypt(self.peer.ip(), ciphertext))
+                        .await;
+                match (r, &mut self.machine) {
+                    (Ok(Ok(plain)), Machine::Binary(m)) => {
+                        m.handle_decrypt_result(plain, Instant::now())
+                    }
+                    (r, m) => {
+                        debug!(peer = %self.peer, refused = ?r.err().map(|_| "deadline").or(Some("budget")), "handshake not decrypted");
+                        m.close();
+                    }
+                }
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
                 let record = self.hub.sessions.get(&session_id).await;
@@ -505,16 +539,22 @@ impl<T: Transport> Driver<T> {
         let Some(info) = self.info.clone() else {
             return;
         };
-        if let Err(reason) = check_bind_token(
-            &self.hub.cfg.settings.security.bind_secret,
-            &user_id,
-            &token,
-        ) {
-            metrics::counter!("mpush_bind_refused_total").increment(1);
-            self.machine
-                .handle_bind_result(request, &user_id, Err(reason));
-            return;
-        }
+        let grant = match self
+            .hub
+            .cfg
+            .bind_auth
+            .check(&user_id, info.client_type, &token)
+        {
+            Ok(g) => g,
+            Err(reason) => {
+                metrics::counter!("mpush_bind_refused_total").increment(1);
+                debug!(conn = self.conn_id, peer = %self.peer, %reason, "bind refused");
+                self.machine
+                    .handle_bind_result(request, &user_id, Err(reason));
+                return;
+            }
+        };
+        let tags = grant.tags.unwrap_or(tags);
         if let Some(prev) = previous.filter(|p| *p != user_id) {
             self.hub.registry.unbind(&prev, self.conn_id);
         }
@@ -623,58 +663,5 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Bind tokens: `<unix expiry seconds>.<hex HMAC-SHA256(secret, userId "." expiry)>`.
-/// With no secret configured every bind is accepted (mpush's behaviour).
-pub fn check_bind_token(secret: &str, user_id: &str, token: &str) -> Result<(), String> {
-    if secret.is_empty() {
-        return Ok(());
-    }
-    let (exp, mac_hex) = token
-        .split_once('.')
-        .ok_or("bind token missing or malformed")?;
-    let exp: i64 = exp
-        .parse()
-        .map_err(|_| "bind token expiry is not a number")?;
-    if exp * 1000 < unix_ms() {
-        return Err("bind token expired".into());
-    }
-    let want = sign_bind_token(secret, user_id, exp);
-    let got = format!("{exp}.{mac_hex}");
-    if mpush_protocol::crypto::verify_mac(want.as_bytes(), got.as_bytes()) {
-        Ok(())
-    } else {
-        Err("bind token does not match the user".into())
-    }
-}
-
-/// Makes a bind token for `user_id` valid until `expiry_unix_secs`.
-pub fn sign_bind_token(secret: &str, user_id: &str, expiry_unix_secs: i64) -> String {
-    let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
-        .expect("HMAC takes any key length");
-    m.update(format!("{user_id}.{expiry_unix_secs}").as_bytes());
-    format!(
-        "{expiry_unix_secs}.{}",
-        hex::encode(m.finalize().into_bytes())
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bind_tokens() {
-        let exp = unix_ms() / 1000 + 60;
-        let t = sign_bind_token("s3cret", "u1", exp);
-        assert_eq!(check_bind_token("s3cret", "u1", &t), Ok(()));
-        assert!(check_bind_token("s3cret", "u2", &t).is_err());
-        assert!(check_bind_token("other", "u1", &t).is_err());
-        assert!(check_bind_token("s3cret", "u1", "").is_err());
-        let old = sign_bind_token("s3cret", "u1", 1000);
-        assert!(check_bind_token("s3cret", "u1", &old).is_err());
-        assert_eq!(check_bind_token("", "u1", ""), Ok(()));
     }
 }

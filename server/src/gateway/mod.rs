@@ -1,16 +1,15 @@
 //! The access layer: listeners, per-connection drivers, the registry, limits.
 
 pub mod conn;
+pub mod limits;
 pub mod registry;
 pub mod transport;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -18,42 +17,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
 use crate::push::Hub;
+use limits::{IpRateLimit, IpSlot};
 use transport::{Tcp, Ws};
-
-/// New connections per second per client IP (each one usually costs a full
-/// RSA handshake), with a burst of the same size.
-pub struct IpRateLimit {
-    rate: f64,
-    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
-}
-
-impl IpRateLimit {
-    pub fn new(rate: u32) -> Self {
-        Self {
-            rate: f64::from(rate.max(1)),
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub fn allow(&self, ip: IpAddr) -> bool {
-        let now = Instant::now();
-        let mut b = self.buckets.lock();
-        if b.len() > 100_000 {
-            // Forget full buckets; they are equivalent to new ones.
-            let rate = self.rate;
-            b.retain(|_, (t, at)| *t + now.duration_since(*at).as_secs_f64() * rate < rate);
-        }
-        let e = b.entry(ip).or_insert((self.rate, now));
-        e.0 = (e.0 + now.duration_since(e.1).as_secs_f64() * self.rate).min(self.rate);
-        e.1 = now;
-        if e.0 >= 1.0 {
-            e.0 -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
 
 /// Which kind of listener.
 #[derive(Clone, Copy, Debug)]
@@ -62,8 +27,9 @@ pub enum Kind {
     Ws,
 }
 
-/// Accepts until shutdown. Over the connection limit, over the per-IP rate, or
-/// out of file descriptors, new connections are refused and the rest served.
+/// Accepts until shutdown. Over the connection limit, over the per-IP rate or
+/// count, or out of file descriptors, new connections are refused and the
+/// rest served.
 pub async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
@@ -97,6 +63,11 @@ pub async fn accept_loop(
             drop(stream);
             continue;
         }
+        let Some(slot) = hub.per_ip.acquire(peer.ip()) else {
+            metrics::counter!("mpush_connections_refused_total", "reason" => "per_ip").increment(1);
+            drop(stream);
+            continue;
+        };
         if !limit.allow(peer.ip()) {
             metrics::counter!("mpush_connections_refused_total", "reason" => "rate").increment(1);
             drop(stream);
@@ -104,21 +75,33 @@ pub async fn accept_loop(
         }
         hub.connections.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("mpush_connections_total").increment(1);
+        tune(&stream, hub.cfg.settings.limits.tcp_keepalive_secs);
         let hub = hub.clone();
         match kind {
             Kind::Tcp => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(conn::serve(Tcp(stream), hub, peer));
+                tokio::spawn(conn::serve(Tcp(stream), hub, peer, slot));
             }
             Kind::Ws => {
-                tokio::spawn(upgrade(stream, hub, peer));
+                tokio::spawn(upgrade(stream, hub, peer, slot));
             }
         }
     }
 }
 
-async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr) {
+/// No Nagle delay; TCP keepalive so a peer that vanished without a FIN (a
+/// phone that lost its network) is found even while the protocol is idle.
+pub fn tune(stream: &TcpStream, keepalive_secs: u64) {
     let _ = stream.set_nodelay(true);
+    if keepalive_secs > 0 {
+        let idle = Duration::from_secs(keepalive_secs);
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(Duration::from_secs(keepalive_secs.div_ceil(3).max(1)));
+        let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&ka);
+    }
+}
+
+async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr, slot: IpSlot) {
     let l = &hub.cfg.settings.limits;
     let config = WebSocketConfig::default()
         .read_buffer_size(l.ws_read_buffer)
@@ -127,7 +110,7 @@ async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr) {
         .max_frame_size(Some(l.max_packet_size + 64));
     let handshake = tokio_tungstenite::accept_async_with_config(stream, Some(config));
     match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-        Ok(Ok(ws)) => conn::serve(Ws(ws), hub, peer).await,
+        Ok(Ok(ws)) => conn::serve(Ws(ws), hub, peer, slot).await,
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "websocket upgrade failed");
             hub.connections.fetch_sub(1, Ordering::Relaxed);
@@ -144,21 +127,40 @@ pub async fn internal_loop(
     hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // Peers hold one pipelined connection each; this bounds what a stranger
+    // can open before failing to authenticate.
+    let peers = Arc::new(tokio::sync::Semaphore::new(256));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.changed() => return,
             r = listener.accept() => r,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
+        let Ok(permit) = peers.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_peer(stream, hub.clone()));
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_peer(stream, peer, hub).await;
+        });
     }
 }
 
-async fn serve_peer(mut stream: TcpStream, hub: Arc<Hub>) {
+async fn serve_peer(mut stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>) {
+    // Authenticated before a single push is read.
+    let c = &hub.cfg.settings.cluster;
+    let limit = Duration::from_millis(c.timeout_ms);
+    if let Err(e) = crate::cluster::node_auth::accept(&mut stream, &c.secret, limit).await {
+        metrics::counter!("mpush_node_auth_refused_total").increment(1);
+        warn!(%peer, error = %e, "node port: peer refused");
+        return;
+    }
     use bytes::BytesMut;
     use mpush_protocol::message::{Body, ErrorCode, ErrorMessage, OkMessage};
     use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};

@@ -14,6 +14,8 @@ use tokio_tungstenite::tungstenite::Message;
 pub enum Incoming {
     Data(Bytes),
     Text(String),
+    /// A control frame (ping or pong): the peer is alive.
+    Activity,
     Eof,
 }
 
@@ -23,6 +25,8 @@ pub trait Transport: Send + 'static {
     fn recv(&mut self) -> impl Future<Output = io::Result<Incoming>> + Send;
     fn send(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
     fn send_text(&mut self, text: String) -> impl Future<Output = io::Result<()>> + Send;
+    /// A transport-level liveness probe (a WebSocket ping); TCP has none.
+    fn ping(&mut self) -> impl Future<Output = io::Result<()>> + Send;
     fn shutdown(&mut self) -> impl Future<Output = ()> + Send;
 }
 
@@ -57,6 +61,10 @@ impl Transport for Tcp {
         ))
     }
 
+    async fn ping(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
     async fn shutdown(&mut self) {
         let _ = self.0.shutdown().await;
     }
@@ -78,6 +86,7 @@ impl Transport for Ws {
                 // Pings are answered by tungstenite on the next write or flush.
                 Some(Ok(_)) => {
                     self.0.flush().await.map_err(io::Error::other)?;
+                    return Ok(Incoming::Activity);
                 }
             }
         }
@@ -93,6 +102,13 @@ impl Transport for Ws {
     async fn send_text(&mut self, text: String) -> io::Result<()> {
         self.0
             .send(Message::Text(text.into()))
+            .await
+            .map_err(io::Error::other)
+    }
+
+    async fn ping(&mut self) -> io::Result<()> {
+        self.0
+            .send(Message::Ping(Bytes::new()))
             .await
             .map_err(io::Error::other)
     }

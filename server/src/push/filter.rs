@@ -11,6 +11,45 @@ use mpush_protocol::session::DeviceInfo;
 
 use crate::gateway::registry::ConnHandle;
 
+/// Longest condition accepted, and deepest nesting (parentheses, plus runs
+/// of prefix operators): the parser and evaluator recurse, and a condition
+/// from a caller or another node must not be able to exhaust a stack.
+pub const MAX_CONDITION_LEN: usize = 1024;
+pub const MAX_CONDITION_DEPTH: usize = 16;
+
+/// Checks a condition's size and nesting before it is parsed.
+pub fn check_condition(c: &str) -> Result<(), String> {
+    if c.len() > MAX_CONDITION_LEN {
+        return Err(format!(
+            "condition is {} bytes; at most {MAX_CONDITION_LEN}",
+            c.len()
+        ));
+    }
+    let (mut depth, mut max, mut run) = (0usize, 0usize, 0usize);
+    for ch in c.chars() {
+        match ch {
+            '(' => {
+                depth += 1;
+                run = 0;
+            }
+            ')' => {
+                depth = depth.saturating_sub(1);
+                run = 0;
+            }
+            '!' | '-' => run += 1,
+            ch if ch.is_whitespace() => {}
+            _ => run = 0,
+        }
+        max = max.max(depth + run);
+    }
+    if max > MAX_CONDITION_DEPTH {
+        return Err(format!(
+            "condition nests {max} deep; at most {MAX_CONDITION_DEPTH}"
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct Filter {
     pub tags: Vec<String>,
@@ -28,6 +67,7 @@ impl Filter {
     ) -> Result<Self, String> {
         let condition = match condition.filter(|c| !c.trim().is_empty()) {
             Some(c) => {
+                check_condition(c)?;
                 let node =
                     evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?;
                 match node.eval_with_context(&context("", "", &DeviceInfo::default())) {
@@ -80,4 +120,29 @@ fn context(user_id: &str, tags: &str, d: &DeviceInfo) -> HashMapContext {
         let _ = ctx.set_value(k.into(), Value::String(v.into()));
     }
     ctx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deep_and_long_conditions_are_refused_before_parsing() {
+        let deep = format!("{}true{}", "(".repeat(200_000), ")".repeat(200_000));
+        assert!(Filter::new(vec![], Some(&deep), None).is_err());
+        let nested = format!("{}true{}", "(".repeat(17), ")".repeat(17));
+        assert!(Filter::new(vec![], Some(&nested), None).is_err());
+        let nots = format!("{}true", "!".repeat(40));
+        assert!(Filter::new(vec![], Some(&nots), None).is_err());
+        let ok = format!("{}true{}", "(".repeat(8), ")".repeat(8));
+        assert!(Filter::new(vec![], Some(&ok), None).is_ok());
+        assert!(
+            Filter::new(
+                vec![],
+                Some(r#"osName == "android" && !(tags == "x")"#),
+                None
+            )
+            .is_ok()
+        );
+    }
 }

@@ -75,14 +75,23 @@ pub struct Hub {
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// Where v2 clients are sent on shutdown (chosen when it starts).
     pub redirect_to: std::sync::OnceLock<String>,
+    /// Open connections per client address.
+    pub per_ip: Arc<crate::gateway::limits::PerIp>,
+    /// Handshake RSA work, off the async workers.
+    pub rsa: crate::gateway::limits::RsaPool,
 }
 
 impl Hub {
     /// The embedded default: every store in memory.
     pub fn in_memory(cfg: Arc<Validated>) -> Arc<Self> {
         let d = &cfg.settings.delivery;
-        let sessions = Arc::new(MemorySessions::default());
-        let traces = Arc::new(MemoryTraces::new(d.trace_ttl_secs, d.trace_max));
+        let l = &cfg.settings.limits;
+        let sessions = Arc::new(MemorySessions::new(l.max_sessions, l.max_session_bytes));
+        let traces = Arc::new(MemoryTraces::new(
+            d.trace_ttl_secs,
+            d.trace_max,
+            d.trace_max_bytes,
+        ));
         let inbox = Arc::new(MemoryInbox::new(d.inbox_max));
         let topics = Arc::new(MemoryTopics::default());
         Self::new(cfg, sessions, traces, inbox, topics)
@@ -124,6 +133,9 @@ impl Hub {
         proto.max_heartbeat = Duration::from_millis(s.limits.max_heartbeat_ms);
         proto.max_body = s.limits.max_packet_size;
         proto.session_ttl = Duration::from_secs(s.delivery.session_ttl_secs);
+        proto.handshake_timeout = Duration::from_millis(s.limits.handshake_timeout_ms);
+        proto.require_v2 = s.security.require_v2;
+        proto.offload_rsa = true;
         proto.ack_retry = RetryPolicy {
             waits: s
                 .delivery
@@ -154,6 +166,16 @@ impl Hub {
             ws_addr: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
             redirect_to: std::sync::OnceLock::new(),
+            per_ip: crate::gateway::limits::PerIp::new(s.limits.max_connections_per_ip),
+            rsa: crate::gateway::limits::RsaPool::new(
+                cfg.private_key.clone(),
+                match s.limits.rsa_workers {
+                    0 => std::thread::available_parallelism().map_or(2, usize::from),
+                    n => n,
+                },
+                s.limits.rsa_queue,
+                s.limits.rsa_per_ip,
+            ),
             cfg,
         })
     }
@@ -462,7 +484,7 @@ impl Hub {
         let hub = self.clone();
         let t = trace_id.to_owned();
         tokio::spawn(async move {
-            hub.broadcast(&t, &spec, &filter).await;
+            hub.broadcast(&t, &spec, Arc::new(filter)).await;
         });
         Ok(())
     }
@@ -493,8 +515,12 @@ impl Hub {
         let Ok(filter) = Filter::new(tags, v["condition"].as_str(), spec.client_type) else {
             return;
         };
-        self.broadcast(v["traceId"].as_str().unwrap_or_default(), &spec, &filter)
-            .await;
+        self.broadcast(
+            v["traceId"].as_str().unwrap_or_default(),
+            &spec,
+            Arc::new(filter),
+        )
+        .await;
     }
 
     /// Another node bound the same user and client type: kick our connection.
@@ -553,15 +579,31 @@ impl Hub {
 
     /// Sends to every online connection that passes `filter`, at the broadcast
     /// rate, up to `broadcast_max`. Returns how many were targeted.
-    pub async fn broadcast(&self, trace_id: &str, spec: &MessageSpec, filter: &Filter) -> usize {
+    pub async fn broadcast(
+        &self,
+        trace_id: &str,
+        spec: &MessageSpec,
+        filter: Arc<Filter>,
+    ) -> usize {
         let message_id = self.next_message_id();
-        let targets: Vec<(String, ConnHandle)> = self
-            .registry
-            .snapshot()
-            .into_iter()
-            .filter(|(u, h)| filter.matches(u, h))
-            .take(self.cfg.settings.delivery.broadcast_max)
-            .collect();
+        let all = self.registry.snapshot();
+        let max = self.cfg.settings.delivery.broadcast_max;
+        // A condition is evaluated once per connection: a legal but heavy one
+        // (a regex over 10k clients) runs on the blocking pool, not on the
+        // async workers that serve connections.
+        let pick = move || -> Vec<(String, ConnHandle)> {
+            all.into_iter()
+                .filter(|(u, h)| filter.matches(u, h))
+                .take(max)
+                .collect()
+        };
+        let targets = match tokio::task::spawn_blocking(pick).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "broadcast filter failed");
+                return 0;
+            }
+        };
         for (user, h) in &targets {
             self.broadcast_limiter.acquire().await;
             let push = OutboundPush {

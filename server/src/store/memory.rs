@@ -13,26 +13,105 @@ use super::{
 };
 use crate::clock::unix_ms;
 
-#[derive(Default)]
+/// Sessions, bounded by count and by bytes: over either bound the oldest are
+/// forgotten (their clients fall back to a full handshake; nothing is lost).
 pub struct MemorySessions {
-    map: Mutex<HashMap<String, SessionRecord>>,
+    max: usize,
+    max_bytes: usize,
+    inner: Mutex<SessionMap>,
+}
+
+#[derive(Default)]
+struct SessionMap {
+    map: HashMap<String, SessionRecord>,
+    /// Insertion order; ids of replaced or expired records are skipped.
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+/// What a record costs in memory, roughly: its strings and a fixed overhead.
+fn session_bytes(r: &SessionRecord) -> usize {
+    let d = &r.device;
+    2 * r.session_id.len()
+        + d.device_id.len()
+        + d.os_name.len()
+        + d.os_version.len()
+        + d.client_version.len()
+        + 160
+}
+
+impl MemorySessions {
+    pub fn new(max: usize, max_bytes: usize) -> Self {
+        Self {
+            max: max.max(1),
+            max_bytes,
+            inner: Mutex::new(SessionMap::default()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+}
+
+impl Default for MemorySessions {
+    fn default() -> Self {
+        Self::new(1_000_000, 256 << 20)
+    }
 }
 
 #[async_trait]
 impl SessionStore for MemorySessions {
     async fn put(&self, record: SessionRecord) {
-        let now = unix_ms();
-        let mut map = self.map.lock();
-        if map.len().is_multiple_of(1024) {
-            map.retain(|_, r| r.expire_at_ms > now);
+        let mut g = self.inner.lock();
+        let m = &mut *g;
+        let size = session_bytes(&record);
+        if let Some(old) = m.map.insert(record.session_id.clone(), record.clone()) {
+            m.bytes -= session_bytes(&old);
+        } else {
+            m.order.push_back(record.session_id.clone());
         }
-        map.insert(record.session_id.clone(), record);
+        m.bytes += size;
+        // Every session lives as long: the oldest expire first.
+        let now = unix_ms();
+        while let Some(id) = m.order.front() {
+            if m.map.get(id).is_some_and(|r| r.expire_at_ms > now) {
+                break;
+            }
+            if let Some(id) = m.order.pop_front()
+                && let Some(old) = m.map.remove(&id)
+            {
+                m.bytes -= session_bytes(&old);
+            }
+        }
+        while m.map.len() > self.max || m.bytes > self.max_bytes {
+            let Some(id) = m.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = m.map.remove(&id) {
+                m.bytes -= session_bytes(&old);
+                metrics::counter!("mpush_sessions_evicted_total").increment(1);
+            }
+        }
+        if m.order.len() > 2 * m.map.len() + 1024 {
+            let live = &m.map;
+            m.order.retain(|id| live.contains_key(id));
+        }
     }
 
     async fn get(&self, session_id: &str) -> Option<SessionRecord> {
         let now = unix_ms();
-        self.map
+        self.inner
             .lock()
+            .map
             .get(session_id)
             .filter(|r| r.expire_at_ms > now)
             .cloned()
@@ -47,6 +126,15 @@ struct TraceEntry {
     /// placeholder is under (user, ""). A broadcast records one event per
     /// recipient: finding it must not scan them all.
     index: HashMap<(String, String), usize>,
+    /// What this entry costs, roughly (counted into `MemoryTraces::bytes`).
+    size: usize,
+}
+
+/// History entries kept per recipient: the first ones and the latest.
+const MAX_HISTORY: usize = 16;
+
+fn event_bytes(detail: Option<&String>) -> usize {
+    32 + detail.map_or(0, String::len)
 }
 
 pub struct MemoryTraces {
@@ -56,15 +144,42 @@ pub struct MemoryTraces {
     map: Mutex<HashMap<String, TraceEntry>>,
     /// Creation order, for expiry.
     order: Mutex<VecDeque<(i64, String)>>,
+    max_bytes: usize,
+    bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl MemoryTraces {
-    pub fn new(ttl_secs: u64, max: usize) -> Self {
+    pub fn new(ttl_secs: u64, max: usize, max_bytes: usize) -> Self {
         Self {
             ttl_ms: i64::try_from(ttl_secs).unwrap_or(i64::MAX / 1000) * 1000,
             max: max.max(1),
             map: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
+            max_bytes,
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes held by traces, roughly.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn forget(&self, map: &mut HashMap<String, TraceEntry>, id: &str) {
+        if let Some(e) = map.remove(id) {
+            self.bytes
+                .fetch_sub(e.size, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Oldest traces go while over the byte bound.
+    fn shrink(&self) {
+        while self.bytes() > self.max_bytes {
+            let Some((_, id)) = self.order.lock().pop_front() else {
+                return;
+            };
+            self.forget(&mut self.map.lock(), &id);
+            metrics::counter!("mpush_traces_evicted_total").increment(1);
         }
     }
 
@@ -74,7 +189,7 @@ impl MemoryTraces {
             if let Some((_, id)) = order.pop_front() {
                 let mut map = self.map.lock();
                 if map.get(&id).is_some_and(|e| e.expires_at_ms <= now) {
-                    map.remove(&id);
+                    self.forget(&mut map, &id);
                 }
             }
         }
@@ -90,33 +205,12 @@ fn overall(recipients: &[RecipientState]) -> TraceState {
         .unwrap_or(TraceState::Accepted)
 }
 
-#[async_trait]
-impl TraceStore for MemoryTraces {
-    async fn create(&self, trace_id: &str, at_ms: i64) {
-        self.expire(at_ms);
-        let expires_at_ms = at_ms.saturating_add(self.ttl_ms);
-        self.map
-            .lock()
-            .entry(trace_id.to_owned())
-            .or_insert(TraceEntry {
-                created_at_ms: at_ms,
-                expires_at_ms,
-                recipients: Vec::new(),
-                index: HashMap::new(),
-            });
-        let mut order = self.order.lock();
-        order.push_back((expires_at_ms, trace_id.to_owned()));
-        while order.len() > self.max {
-            if let Some((_, old)) = order.pop_front() {
-                self.map.lock().remove(&old);
-            }
-        }
-    }
-
-    async fn record(&self, e: TraceEvent<'_>) {
+impl MemoryTraces {
+    /// Applies one event under the map's lock; returns the bytes it added.
+    fn record_locked(&self, e: TraceEvent<'_>) -> usize {
         let mut map = self.map.lock();
         let Some(entry) = map.get_mut(e.trace_id) else {
-            return;
+            return 0;
         };
         let key = (e.user_id.to_owned(), e.device_id.to_owned());
         // The offline placeholder (no device) becomes the device that got it.
@@ -126,12 +220,19 @@ impl TraceStore for MemoryTraces {
             entry.index.insert(key.clone(), i);
             Some(i)
         });
-        match idx {
+        let added = match idx {
             Some(i) => {
                 let r = &mut entry.recipients[i];
                 if r.device_id.is_empty() {
                     r.device_id = e.device_id.to_owned();
                     r.client_type = e.client_type;
+                }
+                let mut added = 0;
+                if r.history.len() >= MAX_HISTORY {
+                    // Keep how it started and how it is going.
+                    r.history.remove(MAX_HISTORY / 2);
+                } else {
+                    added = event_bytes(e.detail.as_ref());
                 }
                 r.history.push((e.state, e.at_ms, e.detail.clone()));
                 if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
@@ -139,8 +240,12 @@ impl TraceStore for MemoryTraces {
                     r.detail = e.detail;
                     r.updated_at_ms = e.at_ms;
                 }
+                added
             }
             None => {
+                let added = 160
+                    + 3 * (e.user_id.len() + e.device_id.len())
+                    + 2 * event_bytes(e.detail.as_ref());
                 entry.index.insert(key, entry.recipients.len());
                 entry.recipients.push(RecipientState {
                     user_id: e.user_id.to_owned(),
@@ -151,7 +256,50 @@ impl TraceStore for MemoryTraces {
                     updated_at_ms: e.at_ms,
                     history: vec![(e.state, e.at_ms, e.detail.clone())],
                 });
+                added
             }
+        };
+        entry.size += added;
+        added
+    }
+}
+
+#[async_trait]
+impl TraceStore for MemoryTraces {
+    async fn create(&self, trace_id: &str, at_ms: i64) {
+        self.expire(at_ms);
+        let expires_at_ms = at_ms.saturating_add(self.ttl_ms);
+        let size = 64 + 2 * trace_id.len();
+        if let std::collections::hash_map::Entry::Vacant(v) =
+            self.map.lock().entry(trace_id.to_owned())
+        {
+            v.insert(TraceEntry {
+                created_at_ms: at_ms,
+                expires_at_ms,
+                recipients: Vec::new(),
+                index: HashMap::new(),
+                size,
+            });
+            self.bytes
+                .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut order = self.order.lock();
+        order.push_back((expires_at_ms, trace_id.to_owned()));
+        while order.len() > self.max {
+            if let Some((_, old)) = order.pop_front() {
+                self.forget(&mut self.map.lock(), &old);
+            }
+        }
+        drop(order);
+        self.shrink();
+    }
+
+    async fn record(&self, e: TraceEvent<'_>) {
+        let added = self.record_locked(e);
+        if added > 0 {
+            self.bytes
+                .fetch_add(added, std::sync::atomic::Ordering::Relaxed);
+            self.shrink();
         }
     }
 
@@ -236,8 +384,85 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn traces_are_bounded_by_bytes_and_history() {
+        let t = MemoryTraces::new(3600, 1_000_000, 64 << 10);
+        for i in 0..200 {
+            let id = format!("trace-{i}");
+            t.create(&id, unix_ms()).await;
+            for u in 0..20 {
+                let user = format!("user-{u}");
+                t.record(TraceEvent {
+                    trace_id: &id,
+                    user_id: &user,
+                    device_id: "device",
+                    client_type: 1,
+                    state: TraceState::Dispatched,
+                    detail: None,
+                    at_ms: unix_ms(),
+                })
+                .await;
+            }
+        }
+        assert!(t.bytes() <= 64 << 10, "{}", t.bytes());
+        assert!(t.get("trace-0").await.is_none(), "the oldest went");
+        assert!(t.get("trace-199").await.is_some(), "the newest stays");
+        // A retry storm does not grow one recipient's history without bound.
+        for _ in 0..1000 {
+            t.record(TraceEvent {
+                trace_id: "trace-199",
+                user_id: "user-1",
+                device_id: "device",
+                client_type: 1,
+                state: TraceState::Dispatched,
+                detail: Some("resent".into()),
+                at_ms: unix_ms(),
+            })
+            .await;
+        }
+        let v = t.get("trace-199").await.expect("kept");
+        let r = v
+            .recipients
+            .iter()
+            .find(|r| r.user_id == "user-1")
+            .expect("r");
+        assert!(r.history.len() <= MAX_HISTORY);
+    }
+
+    #[tokio::test]
+    async fn sessions_are_bounded_by_count_and_bytes() {
+        use mpush_protocol::session::{DeviceInfo, SessionSecret};
+        let s = MemorySessions::new(100, 1 << 20);
+        let record = |i: usize, dev: usize| SessionRecord {
+            session_id: format!("{i:032}"),
+            device: DeviceInfo {
+                device_id: "d".repeat(dev),
+                ..Default::default()
+            },
+            secret: SessionSecret::Legacy {
+                key: mpush_protocol::crypto::AesKey([1; 16]),
+                iv: [2; 16],
+            },
+            expire_at_ms: unix_ms() + 60_000,
+        };
+        for i in 0..2000 {
+            s.put(record(i, 16)).await;
+        }
+        assert_eq!(s.len(), 100);
+        assert!(
+            s.get(&format!("{:032}", 0)).await.is_none(),
+            "oldest forgotten"
+        );
+        assert!(s.get(&format!("{:032}", 1999)).await.is_some());
+        let s = MemorySessions::new(1_000_000, 1 << 20);
+        for i in 0..2000 {
+            s.put(record(i, 9000)).await;
+        }
+        assert!(s.bytes() <= 1 << 20, "{}", s.bytes());
+    }
+
+    #[tokio::test]
     async fn traces_are_bounded_by_count() {
-        let t = MemoryTraces::new(3600, 2);
+        let t = MemoryTraces::new(3600, 2, 1 << 30);
         for id in ["a", "b", "c"] {
             t.create(id, unix_ms()).await;
         }

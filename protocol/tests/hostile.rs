@@ -1,0 +1,386 @@
+//! The server machine against a client that plays the attacker: each attack
+//! gets its stated reaction (close, refusal, deadline), decided by the machine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::message::{Body, ErrorCode, ErrorMessage, Handshake};
+use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
+use mpush_protocol::server::{
+    CloseReason, OutboundPush, ServerConfig, ServerConnection, ServerEvent,
+};
+use mpush_protocol::session::{AckMode, DeviceInfo, Profile};
+use mpush_protocol::testing::{LinkFaults, Pair, default_key, test_device};
+use mpush_protocol::{Instant, ProtocolError};
+
+fn server_with(f: impl FnOnce(&mut ServerConfig)) -> (ServerConnection, Instant) {
+    let now = Instant::now();
+    let mut cfg = ServerConfig::new(default_key());
+    f(&mut cfg);
+    (ServerConnection::new(Arc::new(cfg), [3; 32], now, 0), now)
+}
+
+fn client(v2: bool, device: DeviceInfo, now: Instant) -> ClientConnection {
+    let mut cfg = ClientConfig::new(Arc::new(default_key().public()), device);
+    cfg.offer_v2 = v2;
+    ClientConnection::new(Arc::new(cfg), [5; 32], now, 0, None, DedupWindow::default())
+}
+
+fn drain(s: &mut ServerConnection) -> (Vec<Frame>, Vec<ServerEvent>) {
+    let mut buf = BytesMut::new();
+    while let Some(b) = s.poll_transmit() {
+        buf.extend_from_slice(&b);
+    }
+    let mut frames = Vec::new();
+    while let Ok(Some(f)) = Decoder::new(1 << 20).decode(&mut buf) {
+        frames.push(f);
+    }
+    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    (frames, events)
+}
+
+fn closed_by(events: &[ServerEvent]) -> Option<&CloseReason> {
+    events.iter().find_map(|e| match e {
+        ServerEvent::Closed { reason, .. } => Some(reason),
+        _ => None,
+    })
+}
+
+fn error_code(frames: &[Frame]) -> Option<(u8, String)> {
+    frames.iter().find_map(|f| match f {
+        Frame::Packet(p) if p.cmd == Command::ERROR => ErrorMessage::from_bytes(&p.body)
+            .ok()
+            .map(|e| (e.code.0, e.reason)),
+        _ => None,
+    })
+}
+
+/// Connects a real client to `s`; returns the client and the client's hello bytes.
+fn handshake(s: &mut ServerConnection, c: &mut ClientConnection, now: Instant) -> Vec<u8> {
+    let hello = c.poll_transmit().expect("hello").to_vec();
+    s.handle_input(&hello, now);
+    while let Some(e) = s.poll_event() {
+        if let ServerEvent::DecryptRequested { ciphertext } = e {
+            let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::seed_from_u64(1);
+            let plain = default_key().decrypt(&mut rng, &ciphertext);
+            s.handle_decrypt_result(plain, now);
+        }
+    }
+    while let Some(b) = s.poll_transmit() {
+        c.handle_input(&b, now);
+    }
+    assert!(s.is_established() && c.is_established());
+    hello
+}
+
+#[test]
+fn heartbeats_alone_do_not_keep_an_unauthenticated_connection() {
+    let (mut s, start) = server_with(|_| {});
+    let mut now = start;
+    while !s.is_closed() && now < start + Duration::from_secs(60) {
+        s.handle_input(&[0xDF], now);
+        now += Duration::from_millis(500);
+        if s.poll_timeout().is_some_and(|t| t <= now) {
+            s.handle_timeout(now);
+        }
+    }
+    let (_, events) = drain(&mut s);
+    assert_eq!(closed_by(&events), Some(&CloseReason::HandshakeTimeout));
+    assert!(now - start <= Duration::from_secs(11), "{:?}", now - start);
+}
+
+#[test]
+fn a_second_handshake_on_one_connection_closes_it() {
+    let (mut s, now) = server_with(|_| {});
+    let mut c = client(false, test_device(), now);
+    let hello = handshake(&mut s, &mut c, now);
+    drain(&mut s);
+    s.handle_input(&hello, now);
+    let (frames, events) = drain(&mut s);
+    assert_eq!(
+        error_code(&frames).map(|e| e.0),
+        Some(ErrorCode::REPEAT_HANDSHAKE.0)
+    );
+    assert!(s.is_closed());
+    assert!(matches!(closed_by(&events), Some(CloseReason::Refused(_))));
+}
+
+#[test]
+fn a_fast_connect_after_a_handshake_closes_it() {
+    let (mut s, now) = server_with(|_| {});
+    let mut c = client(false, test_device(), now);
+    handshake(&mut s, &mut c, now);
+    drain(&mut s);
+    let fc = mpush_protocol::message::FastConnect {
+        session_id: "abc".into(),
+        device_id: "dev-1".into(),
+        ..Default::default()
+    };
+    let p = Frame::Packet(Packet::new(
+        Command::FAST_CONNECT,
+        3,
+        Flags::NONE,
+        fc.to_bytes(),
+    ));
+    s.handle_input(&p.to_bytes(), now);
+    assert!(s.is_closed());
+}
+
+#[test]
+fn an_oversized_rsa_handshake_is_refused_before_any_rsa_work() {
+    // 80 blocks of a 1024-bit key: what a 10 KiB frame holds. A real client
+    // sends two to four.
+    let (mut s, now) = server_with(|c| c.offload_rsa = true);
+    let p = Frame::Packet(Packet::new(
+        Command::HANDSHAKE,
+        1,
+        Flags::CRYPTO,
+        vec![0x55; 80 * 128],
+    ));
+    s.handle_input(&p.to_bytes(), now);
+    let (frames, events) = drain(&mut s);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::DecryptRequested { .. })),
+        "no RSA work was asked for"
+    );
+    assert_eq!(
+        error_code(&frames).map(|e| e.1),
+        Some("Param invalid".into())
+    );
+    assert!(s.is_closed());
+}
+
+#[test]
+fn oversized_device_fields_are_refused() {
+    for device in [
+        DeviceInfo {
+            device_id: "d".repeat(9000),
+            ..test_device()
+        },
+        DeviceInfo {
+            os_version: "v".repeat(200),
+            ..test_device()
+        },
+    ] {
+        let (mut s, now) = server_with(|_| {});
+        let hs = Handshake {
+            device_id: device.device_id,
+            os_name: device.os_name,
+            os_version: device.os_version,
+            client_version: device.client_version,
+            iv: vec![1; 16],
+            client_key: vec![2; 16],
+            ..Default::default()
+        };
+        let p = Frame::Packet(Packet::new(
+            Command::HANDSHAKE,
+            1,
+            Flags::NONE,
+            hs.to_bytes(),
+        ));
+        s.handle_input(&p.to_bytes(), now);
+        let (_, events) = drain(&mut s);
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ServerEvent::HandshakeCompleted { .. })),
+            "no session is created"
+        );
+        assert!(s.is_closed());
+    }
+}
+
+#[test]
+fn rsa_can_run_in_the_driver_and_input_waits_for_it() {
+    let (mut s, now) = server_with(|c| c.offload_rsa = true);
+    let mut c = client(true, test_device(), now);
+    let hello = c.poll_transmit().expect("hello");
+    s.handle_input(&hello, now);
+    let Some(ServerEvent::DecryptRequested { ciphertext }) = s.poll_event() else {
+        panic!("the machine asks for the RSA work");
+    };
+    // Bytes that arrive meanwhile are held, not decoded.
+    s.handle_input(&[0xDF], now);
+    assert!(s.poll_transmit().is_none());
+    let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::seed_from_u64(9);
+    s.handle_decrypt_result(default_key().decrypt(&mut rng, &ciphertext), now);
+    let (frames, events) = drain(&mut s);
+    assert!(s.is_established());
+    assert!(matches!(
+        events.first(),
+        Some(ServerEvent::HandshakeCompleted {
+            profile: Profile::V2,
+            ..
+        })
+    ));
+    assert_eq!(
+        frames.last(),
+        Some(&Frame::Heartbeat),
+        "then the held input"
+    );
+}
+
+#[test]
+fn require_v2_refuses_legacy_and_plaintext_handshakes() {
+    let (mut s, now) = server_with(|c| c.require_v2 = true);
+    let mut c = client(false, test_device(), now);
+    s.handle_input(&c.poll_transmit().expect("hello"), now);
+    assert!(s.is_closed(), "legacy refused");
+
+    let (mut s, now) = server_with(|c| c.require_v2 = true);
+    let hs = Handshake {
+        device_id: "d".into(),
+        iv: vec![1; 16],
+        client_key: vec![2; 16],
+        ..Default::default()
+    };
+    s.handle_input(
+        &Frame::Packet(Packet::new(
+            Command::HANDSHAKE,
+            1,
+            Flags::NONE,
+            hs.to_bytes(),
+        ))
+        .to_bytes(),
+        now,
+    );
+    assert!(s.is_closed(), "plaintext refused");
+
+    let (mut s, now) = server_with(|c| c.require_v2 = true);
+    let mut c = client(true, test_device(), now);
+    handshake(&mut s, &mut c, now);
+    assert_eq!(s.profile(), Profile::V2);
+}
+
+fn v2_pair() -> (ServerConnection, ClientConnection, Instant) {
+    let (mut s, now) = server_with(|_| {});
+    let mut c = client(true, test_device(), now);
+    handshake(&mut s, &mut c, now);
+    drain(&mut s);
+    while c.poll_event().is_some() {}
+    (s, c, now)
+}
+
+fn push(s: &mut ServerConnection, now: Instant) -> Vec<u8> {
+    s.push(
+        OutboundPush {
+            message_id: 77,
+            trace_id: "t".into(),
+            content: bytes::Bytes::from_static(b"secret"),
+            ack_mode: AckMode::Auto,
+            expires_at_ms: 0,
+            ack_timeout: None,
+        },
+        now,
+    )
+    .expect("pushed");
+    s.poll_transmit().expect("push bytes").to_vec()
+}
+
+#[test]
+fn v2_a_push_reflected_back_to_the_server_does_not_open() {
+    let (mut s, _c, now) = v2_pair();
+    let wire = push(&mut s, now);
+    // The same bytes, sent back: same key, same header, other direction.
+    s.handle_input(&wire, now);
+    let (_, events) = drain(&mut s);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::UpPush { .. })),
+        "not taken as the client's up-push"
+    );
+    assert!(matches!(
+        closed_by(&events),
+        Some(CloseReason::Protocol(ProtocolError::Crypto(_)))
+    ));
+}
+
+#[test]
+fn v2_an_unsealed_empty_ack_is_not_an_ack() {
+    let (mut s, _c, now) = v2_pair();
+    let wire = push(&mut s, now);
+    let mut buf = BytesMut::from(&wire[..]);
+    let Ok(Some(Frame::Packet(p))) = Decoder::default().decode(&mut buf) else {
+        panic!("push frame");
+    };
+    let forged = Frame::Packet(Packet::new(
+        Command::ACK,
+        p.session_id,
+        Flags::NONE,
+        Vec::new(),
+    ));
+    s.handle_input(&forged.to_bytes(), now);
+    let (_, events) = drain(&mut s);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::Acked { .. })),
+        "an injected ACK confirms nothing"
+    );
+    assert!(s.is_closed());
+}
+
+#[test]
+fn v2_the_client_acks_sealed_and_is_heard() {
+    let (mut s, mut c, now) = v2_pair();
+    let wire = push(&mut s, now);
+    c.handle_input(&wire, now);
+    while let Some(b) = c.poll_transmit() {
+        s.handle_input(&b, now);
+    }
+    let (_, events) = drain(&mut s);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::Acked { message_id: 77 })),
+        "{events:?}"
+    );
+    assert!(
+        c.poll_event()
+            .is_some_and(|e| matches!(e, ClientEvent::Message(_)))
+    );
+}
+
+#[test]
+fn v2_a_wrong_device_id_looks_like_a_wrong_proof() {
+    let mut p = Pair::new(21, true, true, LinkFaults::perfect());
+    p.run_for(Duration::from_secs(1));
+    let ticket = p
+        .client_events
+        .iter()
+        .find_map(|e| match e {
+            ClientEvent::Connected { ticket, .. } => ticket.clone(),
+            _ => None,
+        })
+        .expect("ticket");
+    // Another device presents the ticket: SESSION_EXPIRED, as for a bad proof.
+    let mut record = p.sessions.get(&ticket.session_id).cloned().expect("stored");
+    record.device.device_id = "someone-else".into();
+    p.sessions.insert(ticket.session_id.clone(), record);
+    p.reconnect(Some(ticket));
+    p.run_for(Duration::from_secs(1));
+    let refused = p
+        .client_events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::Connected { resumed: false, .. }));
+    assert!(refused, "fell back to a full handshake");
+    assert!(
+        p.server_events
+            .iter()
+            .all(|e| !matches!(e, ServerEvent::Resumed { .. }))
+    );
+}
+
+#[test]
+fn a_declared_length_is_not_an_allocation() {
+    let d = Decoder::new(16 << 20);
+    let mut buf = BytesMut::from(&[0x00, 0xF0, 0x00, 0x00, 1, 2, 3][..]);
+    assert!(matches!(d.decode(&mut buf), Ok(None)));
+    assert!(buf.capacity() < 4096, "{}", buf.capacity());
+}

@@ -1,0 +1,159 @@
+//! Serving the API over HTTP/1.1 with the bounds an internet-facing listener
+//! needs: a cap on open connections, a deadline for a request's headers
+//! (slowloris), and an idle timeout between kept-alive requests.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tower::ServiceExt as _;
+
+/// Limits of the HTTP listener.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// Accepts until `stop` flips; each connection is served until it closes,
+/// idles out, or the server stops (in-flight requests finish first).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.changed() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => {
+                    // EMFILE and friends: back off, keep serving.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            metrics::counter!("mpush_http_connections_refused_total").increment(1);
+            drop(stream);
+            continue;
+        };
+        let app = app.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            connection(stream, peer, app, limits, stop).await;
+        });
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(AtomicU64::new(0));
+    let started = tokio::time::Instant::now();
+    let io = TokioIo::new(Watched {
+        inner: stream,
+        activity: activity.clone(),
+        started,
+    });
+    let svc = app.map_request(move |mut req: axum::extract::Request<_>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true)
+        .serve_connection(io, TowerToHyperService::new(svc));
+    tokio::pin!(conn);
+    let tick = (limits.idle_timeout / 4).max(Duration::from_millis(25));
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = &mut conn => return,
+            _ = stop.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep(tick), if !closing => {
+                let last = Duration::from_millis(activity.load(Ordering::Relaxed));
+                if started.elapsed().saturating_sub(last) >= limits.idle_timeout {
+                    metrics::counter!("mpush_http_idle_closed_total").increment(1);
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A socket that notes when it last moved bytes.
+struct Watched {
+    inner: TcpStream,
+    activity: Arc<AtomicU64>,
+    started: tokio::time::Instant,
+}
+
+impl Watched {
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.activity.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,289 @@
+//! Who may bind as whom. Two token schemes, checked on every BIND on every
+//! profile and transport:
+//!
+//! - JWT (`security.jwt_secret` for HS256, `security.jwt_public_key` for RS256
+//!   or ES256): `sub` is the user id, `exp` is required; optional `clientType`
+//!   (the bind is refused from another client type) and `tags` (they replace
+//!   the tags the client sent), `iss`/`aud` when configured.
+//! - mpush-style HMAC tokens (`security.bind_secret`): `<expiry>.<hex HMAC>`.
+//!
+//! With neither configured every bind is accepted (mpush's behaviour), which
+//! the settings allow only on loopback or with `security.anonymous_bind`.
+
+use hmac::{KeyInit, Mac};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::unix_ms;
+
+/// The claims of a bind token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Claims {
+    pub sub: String,
+    pub exp: u64,
+    #[serde(
+        rename = "clientType",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub client_type: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<String>,
+}
+
+/// What a valid token grants beyond the user id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Tags the token fixes (they replace the client's).
+    pub tags: Option<String>,
+}
+
+struct Jwt {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+pub struct BindAuth {
+    hmac_secret: String,
+    jwt: Option<Jwt>,
+}
+
+impl std::fmt::Debug for BindAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BindAuth")
+            .field("hmac", &!self.hmac_secret.is_empty())
+            .field("jwt", &self.jwt.is_some())
+            .finish()
+    }
+}
+
+impl BindAuth {
+    /// From the security settings; `Err` names what is wrong with a key.
+    pub fn new(s: &crate::config::Security) -> Result<Self, String> {
+        let public = if !s.jwt_public_key.is_empty() {
+            Some(s.jwt_public_key.clone())
+        } else if !s.jwt_public_key_file.is_empty() {
+            Some(
+                std::fs::read_to_string(&s.jwt_public_key_file)
+                    .map_err(|e| format!("{}: {e}", s.jwt_public_key_file))?,
+            )
+        } else {
+            None
+        };
+        let jwt = match (s.jwt_secret.as_str(), public) {
+            ("", None) => None,
+            (secret, None) => {
+                if secret.len() < 32 {
+                    return Err("jwt_secret needs 32 characters or more".into());
+                }
+                Some(Jwt {
+                    key: DecodingKey::from_secret(secret.as_bytes())
+                        .map_err(|e| format!("jwt_secret: {e}"))?,
+                    validation: Validation::new(Algorithm::HS256),
+                })
+            }
+            ("", Some(pem)) => {
+                // An SPKI PEM does not name its algorithm in the armour.
+                let (key, alg) = match DecodingKey::from_ec_pem(pem.as_bytes()) {
+                    Ok(k) => (Ok(k), Algorithm::ES256),
+                    Err(_) => (DecodingKey::from_rsa_pem(pem.as_bytes()), Algorithm::RS256),
+                };
+                let key = key.map_err(|e| format!("jwt_public_key: {e}"))?;
+                Some(Jwt {
+                    key,
+                    validation: Validation::new(alg),
+                })
+            }
+            (_, Some(_)) => {
+                return Err("give jwt_secret or jwt_public_key, not both".into());
+            }
+        };
+        let jwt = jwt.map(|mut j| {
+            j.validation.leeway = 30;
+            j.validation.set_required_spec_claims(&["exp", "sub"]);
+            if !s.jwt_issuer.is_empty() {
+                j.validation.set_issuer(&[&s.jwt_issuer]);
+            }
+            if s.jwt_audience.is_empty() {
+                j.validation.validate_aud = false;
+            } else {
+                j.validation.set_audience(&[&s.jwt_audience]);
+            }
+            j
+        });
+        Ok(Self {
+            hmac_secret: s.bind_secret.clone(),
+            jwt,
+        })
+    }
+
+    /// True when no scheme is configured: every bind is accepted.
+    pub fn is_anonymous(&self) -> bool {
+        self.hmac_secret.is_empty() && self.jwt.is_none()
+    }
+
+    /// Checks `token` for binding `user_id` from a client of `client_type`.
+    pub fn check(&self, user_id: &str, client_type: i32, token: &str) -> Result<Grant, String> {
+        if self.is_anonymous() {
+            return Ok(Grant::default());
+        }
+        let looks_jwt = token.bytes().filter(|b| *b == b'.').count() == 2;
+        match (&self.jwt, looks_jwt) {
+            (Some(j), true) => {
+                let data = jsonwebtoken::decode::<Claims>(token, &j.key, &j.validation)
+                    .map_err(|e| format!("bind token: {e}"))?;
+                let c = data.claims;
+                if c.sub != user_id {
+                    return Err("bind token is for another user".into());
+                }
+                if c.client_type.is_some_and(|ct| ct != client_type) {
+                    return Err("bind token is for another client type".into());
+                }
+                Ok(Grant { tags: c.tags })
+            }
+            _ if !self.hmac_secret.is_empty() => {
+                check_hmac_token(&self.hmac_secret, user_id, token).map(|()| Grant::default())
+            }
+            _ => Err("bind token missing or malformed".into()),
+        }
+    }
+}
+
+/// Mints a JWT bind token for `user_id`, valid for `ttl_secs`: HS256 with
+/// `secret`, or RS256/ES256 with a PEM private key.
+pub fn mint_jwt(
+    key: &MintKey,
+    user_id: &str,
+    ttl_secs: u64,
+    client_type: Option<i32>,
+    tags: Option<String>,
+) -> Result<String, String> {
+    let claims = Claims {
+        sub: user_id.to_owned(),
+        exp: u64::try_from(unix_ms() / 1000).unwrap_or(0) + ttl_secs,
+        client_type,
+        tags,
+    };
+    let (header, enc) = match key {
+        MintKey::Secret(s) => (
+            Header::new(Algorithm::HS256),
+            EncodingKey::from_secret(s.as_bytes()).map_err(|e| e.to_string())?,
+        ),
+        MintKey::RsaPem(p) => (
+            Header::new(Algorithm::RS256),
+            EncodingKey::from_rsa_pem(p.as_bytes()).map_err(|e| e.to_string())?,
+        ),
+        MintKey::EcPem(p) => (
+            Header::new(Algorithm::ES256),
+            EncodingKey::from_ec_pem(p.as_bytes()).map_err(|e| e.to_string())?,
+        ),
+    };
+    jsonwebtoken::encode(&header, &claims, &enc).map_err(|e| e.to_string())
+}
+
+/// The key a token is minted with.
+pub enum MintKey {
+    Secret(String),
+    RsaPem(String),
+    EcPem(String),
+}
+
+/// mpush-style bind tokens: `<unix expiry seconds>.<hex HMAC-SHA256(secret, userId "." expiry)>`.
+pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<(), String> {
+    let (exp, _) = token
+        .split_once('.')
+        .ok_or("bind token missing or malformed")?;
+    let exp: i64 = exp
+        .parse()
+        .map_err(|_| "bind token expiry is not a number")?;
+    if exp.saturating_mul(1000) < unix_ms() {
+        return Err("bind token expired".into());
+    }
+    let want = sign_bind_token(secret, user_id, exp);
+    if mpush_protocol::crypto::verify_mac(want.as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        Err("bind token does not match the user".into())
+    }
+}
+
+/// Makes an mpush-style bind token for `user_id` valid until `expiry_unix_secs`.
+pub fn sign_bind_token(secret: &str, user_id: &str, expiry_unix_secs: i64) -> String {
+    let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
+        .expect("HMAC takes any key length");
+    m.update(format!("{user_id}.{expiry_unix_secs}").as_bytes());
+    format!(
+        "{expiry_unix_secs}.{}",
+        hex::encode(m.finalize().into_bytes())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Security;
+
+    fn auth(f: impl FnOnce(&mut Security)) -> BindAuth {
+        let mut s = Security::default();
+        f(&mut s);
+        BindAuth::new(&s).expect("valid")
+    }
+
+    #[test]
+    fn hmac_tokens() {
+        let a = auth(|s| s.bind_secret = "s3cret".into());
+        let exp = unix_ms() / 1000 + 60;
+        let t = sign_bind_token("s3cret", "u1", exp);
+        assert!(a.check("u1", 1, &t).is_ok());
+        assert!(a.check("u2", 1, &t).is_err());
+        assert!(a.check("u1", 1, "").is_err());
+        let old = sign_bind_token("s3cret", "u1", 1000);
+        assert!(a.check("u1", 1, &old).is_err());
+        assert!(auth(|_| {}).check("u1", 1, "").is_ok(), "anonymous");
+    }
+
+    #[test]
+    fn hs256_tokens() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let a = auth(|s| s.jwt_secret = secret.into());
+        let key = MintKey::Secret(secret.into());
+        let t = mint_jwt(&key, "ann", 60, Some(1), Some("vip".into())).expect("minted");
+        assert_eq!(
+            a.check("ann", 1, &t),
+            Ok(Grant {
+                tags: Some("vip".into())
+            })
+        );
+        assert!(a.check("bob", 1, &t).is_err(), "another user");
+        assert!(a.check("ann", 3, &t).is_err(), "another client type");
+        let other = MintKey::Secret("another-secret-another-secret-xx".into());
+        let forged = mint_jwt(&other, "ann", 60, None, None).expect("minted");
+        assert!(a.check("ann", 1, &forged).is_err(), "wrong key");
+        // Expired beyond the leeway.
+        let claims = Claims {
+            sub: "ann".into(),
+            exp: u64::try_from(unix_ms() / 1000).unwrap_or(0) - 120,
+            client_type: None,
+            tags: None,
+        };
+        let expired = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()).expect("key"),
+        )
+        .expect("encoded");
+        assert!(a.check("ann", 1, &expired).is_err(), "expired");
+        // alg=none and a token signed for another algorithm are refused.
+        let none = format!(
+            "{}.{}.",
+            base64_url(r#"{"alg":"none","typ":"JWT"}"#),
+            base64_url(&format!(r#"{{"sub":"ann","exp":{}}}"#, claims.exp + 1000))
+        );
+        assert!(a.check("ann", 1, &none).is_err(), "alg none");
+    }
+
+    fn base64_url(s: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    }
+}

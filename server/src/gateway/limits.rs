@@ -1,0 +1,159 @@
+//! What one client address may cost the gateway: a rate of new connections,
+//! a number of open ones, and a budget of RSA private-key operations, which
+//! run on a bounded blocking pool so a handshake flood cannot starve the
+//! async workers that serve bound connections.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mpush_protocol::crypto::RsaPrivate;
+use mpush_protocol::error::CryptoError;
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// A token bucket per client IP: `rate` per second, a burst of the same size.
+pub struct IpRateLimit {
+    rate: f64,
+    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+}
+
+impl IpRateLimit {
+    pub fn new(rate: u32) -> Self {
+        Self {
+            rate: f64::from(rate.max(1)),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn allow(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut b = self.buckets.lock();
+        if b.len() > 100_000 {
+            // Forget full buckets; they are equivalent to new ones.
+            let rate = self.rate;
+            b.retain(|_, (t, at)| *t + now.duration_since(*at).as_secs_f64() * rate < rate);
+        }
+        let e = b.entry(ip).or_insert((self.rate, now));
+        e.0 = (e.0 + now.duration_since(e.1).as_secs_f64() * self.rate).min(self.rate);
+        e.1 = now;
+        if e.0 >= 1.0 {
+            e.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Open connections per client IP, with a cap.
+pub struct PerIp {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One counted connection; dropping it gives the slot back.
+pub struct IpSlot {
+    owner: Arc<PerIp>,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for one more connection from `ip`, or `None` over the cap.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
+        let mut open = self.open.lock();
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            owner: self.clone(),
+            ip,
+        })
+    }
+
+    pub fn count(&self, ip: IpAddr) -> usize {
+        self.open.lock().get(&ip).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut open = self.owner.open.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Why a handshake's RSA work was not done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RsaRefused {
+    #[error("this address is over its handshake budget")]
+    Budget,
+    #[error("too many handshakes are waiting for the RSA workers")]
+    Busy,
+}
+
+/// RSA private-key operations off the async workers: at most `workers` at
+/// once on tokio's blocking pool, at most `queue` waiting, and each client IP
+/// within its per-second budget.
+pub struct RsaPool {
+    key: Arc<RsaPrivate>,
+    running: Arc<Semaphore>,
+    waiting: Arc<Semaphore>,
+    per_ip: IpRateLimit,
+}
+
+impl RsaPool {
+    pub fn new(key: Arc<RsaPrivate>, workers: usize, queue: usize, per_ip: u32) -> Self {
+        Self {
+            key,
+            running: Arc::new(Semaphore::new(workers.max(1))),
+            waiting: Arc::new(Semaphore::new(queue.max(1))),
+            per_ip: IpRateLimit::new(per_ip),
+        }
+    }
+
+    /// Decrypts a handshake for `ip`; refused over budget or when the queue is full.
+    pub async fn decrypt(
+        &self,
+        ip: IpAddr,
+        ciphertext: Bytes,
+    ) -> Result<Result<Vec<u8>, CryptoError>, RsaRefused> {
+        if !self.per_ip.allow(ip) {
+            metrics::counter!("mpush_handshakes_refused_total", "reason" => "ip_budget")
+                .increment(1);
+            return Err(RsaRefused::Budget);
+        }
+        let Ok(_queued) = self.waiting.clone().try_acquire_owned() else {
+            metrics::counter!("mpush_handshakes_refused_total", "reason" => "busy").increment(1);
+            return Err(RsaRefused::Busy);
+        };
+        let Ok(permit) = self.running.clone().acquire_owned().await else {
+            return Err(RsaRefused::Busy);
+        };
+        let key = self.key.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
+                crate::clock::seed(),
+            );
+            key.decrypt(&mut rng, &ciphertext)
+        });
+        job.await.map_err(|_| RsaRefused::Busy)
+    }
+}
