@@ -547,6 +547,33 @@ mod tests {
     }
 
     #[test]
+    fn exposed_listeners_need_credentials_or_named_opt_ins() {
+        let mut s = Settings::default();
+        s.net.tcp = "0.0.0.0:3000".into();
+        s.net.http = "0.0.0.0:9999".into();
+        let e = s.clone().validate().expect_err("refused").to_string();
+        for key in [
+            "security.allow_published_key",
+            "security.anonymous_bind",
+            "security.api_tokens",
+        ] {
+            assert!(e.contains(key), "{e}");
+        }
+        s.security.allow_published_key = true;
+        s.security.anonymous_bind = true;
+        s.security.anonymous_api_on_loopback = true;
+        assert!(s.clone().validate().is_ok(), "opted in");
+        s.cluster.redis = "redis://127.0.0.1:6379/".into();
+        s.cluster.internal = "0.0.0.0:3001".into();
+        let e = s.clone().validate().expect_err("node port").to_string();
+        assert!(e.contains("cluster.secret"), "{e}");
+        s.cluster.secret = "short".into();
+        assert!(s.clone().validate().is_err(), "a short secret");
+        s.cluster.secret = "x".repeat(32);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let mut s = Settings::default();
         s.net.tcp = "nowhere".into();

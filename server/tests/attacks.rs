@@ -1,0 +1,399 @@
+//! The server against an attacker on loopback: each attack gets its stated
+//! reaction (close, 4xx, refusal, deadline), and a bound client keeps
+//! receiving pushes meanwhile.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use mpush_protocol::client::ClientEvent;
+use mpush_protocol::packet::{Command, Flags, Frame, Packet};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+
+/// True when the peer closed `s` within `limit` (reading whatever came first).
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+async fn push_reaches(server: &mpush_server::Running, c: &mut TestClient, user: &str, text: &str) {
+    let (st, _) = Api::new(server)
+        .post("/api/v1/push", json!({"userId": user, "content": text}))
+        .await;
+    assert_eq!(st, 200);
+    c.message(text).await;
+}
+
+fn rsa_frame(blocks: usize) -> Vec<u8> {
+    Frame::Packet(Packet::new(
+        Command::HANDSHAKE,
+        1,
+        Flags::CRYPTO,
+        vec![0x55; blocks * 128],
+    ))
+    .to_bytes()
+    .to_vec()
+}
+
+#[tokio::test]
+async fn handshake_floods_are_closed_and_bound_clients_keep_receiving() {
+    let server = start(settings()).await;
+    let mut good = bound(&server, Via::Tcp, true, device("g1", "android"), "good", "").await;
+    // A 10 KiB RSA frame (80 blocks), resent on one socket: closed on the first.
+    let mut s = TcpStream::connect(server.tcp).await.expect("connects");
+    for _ in 0..20 {
+        if s.write_all(&rsa_frame(80)).await.is_err() {
+            break;
+        }
+    }
+    assert!(
+        closed_within(&mut s, WAIT).await,
+        "oversized RSA handshake closes"
+    );
+    // Many sockets with undecryptable handshakes of a legal size: each one
+    // costs at most one RSA operation, on the blocking pool, and is closed.
+    let mut socks = Vec::new();
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(server.tcp).await.expect("connects");
+        s.write_all(&rsa_frame(8)).await.expect("writes");
+        s.write_all(&rsa_frame(8)).await.expect("writes");
+        socks.push(s);
+    }
+    push_reaches(&server, &mut good, "good", "during the flood").await;
+    for s in &mut socks {
+        assert!(closed_within(s, WAIT).await);
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_never_handshakes_meets_its_deadline() {
+    let mut st = settings();
+    st.limits.handshake_timeout_ms = 1000;
+    let server = start(st).await;
+    let mut good = bound(
+        &server,
+        Via::Tcp,
+        false,
+        device("g2", "android"),
+        "good",
+        "",
+    )
+    .await;
+    // TCP: heartbeat bytes only, forever.
+    let mut s = TcpStream::connect(server.tcp).await.expect("connects");
+    let t0 = tokio::time::Instant::now();
+    let mut closed = false;
+    while t0.elapsed() < Duration::from_secs(5) {
+        if s.write_all(&[0xDF]).await.is_err() {
+            closed = true;
+            break;
+        }
+        if closed_within(&mut s, Duration::from_millis(200)).await {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "heartbeats alone do not keep a connection");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // WebSocket: upgraded, then nothing.
+    let addr = server.ws.expect("ws");
+    let stream = TcpStream::connect(addr).await.expect("connects");
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream)
+        .await
+        .expect("upgrade");
+    let end = tokio::time::timeout(Duration::from_secs(4), async {
+        while let Some(Ok(m)) = ws.next().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "a silent WebSocket is closed at the deadline");
+    push_reaches(&server, &mut good, "good", "still here").await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_silent_json_websocket_is_pinged_then_closed() {
+    let mut st = settings();
+    st.limits.min_heartbeat_ms = 1000;
+    st.limits.max_heartbeat_ms = 1000;
+    let server = start(st).await;
+    let mut j = JsonClient::connect(&server).await;
+    j.send(json!({"cmd": 2, "flags": 16, "sessionId": 1, "body": {"deviceId": "js-1", "osName": "web"}}))
+        .await;
+    j.recv().await;
+    // A live browser answers pings (tungstenite does while it reads): kept.
+    let alive = tokio::time::timeout(Duration::from_millis(2500), j.recv()).await;
+    assert!(alive.is_err(), "no frames, but still open");
+    // A dead peer never reads: the server's pings go unanswered and it closes
+    // the connection after two missed intervals.
+    let addr = server.ws.expect("ws");
+    let stream = TcpStream::connect(addr).await.expect("connects");
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream)
+        .await
+        .expect("upgrade");
+    ws.send(Message::Text(
+        json!({"cmd": 2, "flags": 16, "sessionId": 1, "body": {"deviceId": "js-2", "osName": "web"}})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .expect("send");
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let mut closed = false;
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(2), ws.next()).await {
+        match m {
+            Ok(Message::Close(_)) | Err(_) => {
+                closed = true;
+                break;
+            }
+            Ok(_) => {}
+        }
+    }
+    assert!(closed, "an unresponsive JSON client is closed");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_per_address_are_capped() {
+    let mut st = settings();
+    st.limits.max_connections_per_ip = 3;
+    let server = start(st).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(server.tcp).await.expect("connects"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut fourth = TcpStream::connect(server.tcp).await.expect("connects");
+    assert!(
+        closed_within(&mut fourth, WAIT).await,
+        "over the per-IP cap"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut c = bound(&server, Via::Tcp, true, device("pi", "android"), "pi", "").await;
+    push_reaches(&server, &mut c, "pi", "slots come back").await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_http_clients_are_cut_off_and_capped() {
+    let mut st = settings();
+    st.limits.http_header_timeout_ms = 500;
+    st.limits.http_idle_timeout_ms = 800;
+    st.limits.http_max_connections = 60;
+    let server = start(st).await;
+    let mut slow = Vec::new();
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(server.http).await.expect("connects");
+        s.write_all(b"POST /api/v1/push HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .expect("writes");
+        slow.push(s);
+    }
+    // Idle, never a byte.
+    let mut idle = TcpStream::connect(server.http).await.expect("connects");
+    for s in &mut slow {
+        assert!(
+            closed_within(s, Duration::from_secs(3)).await,
+            "header deadline"
+        );
+    }
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(3)).await,
+        "idle deadline"
+    );
+    // Over the cap, the next connection is closed at once.
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        held.push(TcpStream::connect(server.http).await.expect("connects"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut over = TcpStream::connect(server.http).await.expect("connects");
+    assert!(
+        closed_within(&mut over, Duration::from_millis(400)).await,
+        "over the cap"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (st, _) = Api::new(&server).get("/healthz").await;
+    assert_eq!(st, 200);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_api_refuses_rebinding_cross_site_and_oversized_requests() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let base = &api.base;
+    let http = reqwest::Client::new();
+    // DNS rebinding: a name we do not serve.
+    let r = http
+        .post(format!("{base}/api/v1/push"))
+        .header("host", "evil.example")
+        .json(&json!({"userId": "u", "content": "x"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 403);
+    let body: serde_json::Value = r.json().await.expect("json error");
+    assert_eq!(body["error"]["code"], "forbidden");
+    // CSRF: a page on another site posting a form to /exec.
+    let r = http
+        .post(format!("{base}/exec"))
+        .header("origin", "https://evil.example")
+        .form(&[("method", "push"), ("userId", "u"), ("msgbody", "x")])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 403);
+    // A cross-site GET with side effects (an <img src>): not without a token.
+    let r = http
+        .get(format!("{base}/exec?method=push&userId=u&msgbody=x"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 405);
+    // The same page's own requests are fine (the demo page).
+    let r = http
+        .post(format!("{base}/api/v1/push"))
+        .header("origin", base.as_str())
+        .json(&json!({"userId": "u", "content": "x"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200);
+    // /exec validates like /api/v1/push: 1.6 MB of msgbody is a 400.
+    let big = "x".repeat(1_600_000);
+    let r = http
+        .post(format!("{base}/exec"))
+        .form(&[
+            ("method", "push"),
+            ("userId", "u"),
+            ("msgbody", big.as_str()),
+        ])
+        .send()
+        .await
+        .expect("request");
+    assert!(matches!(r.status().as_u16(), 400 | 413), "{}", r.status());
+    let (st, v) = api
+        .post(
+            "/exec",
+            json!({"method": "push", "userId": "u", "msgbody": "x", "ttl": "forever"}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    // A condition nested 200,000 deep: a 400 with the reason, and the server lives.
+    let deep = format!("{}true{}", "(".repeat(200_000), ")".repeat(200_000));
+    let (st, v) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "x", "condition": deep}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("condition")
+    );
+    let (st, _) = api.get("/healthz").await;
+    assert_eq!(st, 200);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn api_tokens_are_required_when_configured() {
+    let mut st = settings();
+    st.security.api_tokens = vec!["0123456789abcdef-token".into()];
+    let server = start(st).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/api/v1/push", server.http);
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer 0123456789abcdef-toke"),
+    ] {
+        let mut r = http
+            .post(&url)
+            .json(&json!({"userId": "u", "content": "x"}));
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        assert_eq!(r.send().await.expect("request").status().as_u16(), 401);
+    }
+    let r = http
+        .post(&url)
+        .header("authorization", "Bearer 0123456789abcdef-token")
+        .json(&json!({"userId": "u", "content": "x"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn jwt_binds_only_the_user_the_token_names() {
+    let secret = "jwt-secret-0123456789abcdef-0123456789";
+    let mut st = settings();
+    st.security.jwt_secret = secret.into();
+    st.security.api_tokens = vec!["0123456789abcdef-token".into()];
+    let server = start(st).await;
+    // An offline message waits in the inbox of `ann`.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/api/v1/push", server.http))
+        .header("authorization", "Bearer 0123456789abcdef-token")
+        .json(&json!({"userId": "ann", "content": "for ann only", "ttlSeconds": 600}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200);
+    let key = mpush_server::auth::MintKey::Secret(secret.into());
+    // No token, and a token for someone else: refused, closed, nothing read.
+    let bob = mpush_server::auth::mint_jwt(&key, "bob", 60, None, None).expect("token");
+    for (v2, token) in [(false, String::new()), (true, bob)] {
+        let mut c = TestClient::connect(&server, Via::Tcp, v2, device("x", "android"), None).await;
+        c.connected().await;
+        c.bind_with_token("ann", "", &token).await;
+        c.wait_for("refused bind closes", |e| {
+            matches!(e, ClientEvent::Closed { .. })
+        })
+        .await;
+        assert!(c.messages().is_empty());
+    }
+    // The JSON WebSocket form is checked too.
+    let mut j = JsonClient::connect(&server).await;
+    j.send(
+        json!({"cmd": 2, "flags": 16, "sessionId": 1, "body": {"deviceId": "js", "osName": "web"}}),
+    )
+    .await;
+    j.recv().await;
+    j.send(json!({"cmd": 5, "flags": 16, "sessionId": 2, "body": {"userId": "ann"}}))
+        .await;
+    let v = j.recv().await;
+    assert_eq!(v["cmd"], 10, "bind refused: {v}");
+    // The right token binds and gets the inbox.
+    let ann = mpush_server::auth::mint_jwt(&key, "ann", 60, None, None).expect("token");
+    let mut c = TestClient::connect(&server, Via::Ws, true, device("ann-1", "android"), None).await;
+    c.connected().await;
+    c.bind_with_token("ann", "", &ann).await;
+    c.message("for ann only").await;
+    server.shutdown().await;
+}
