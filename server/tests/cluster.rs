@@ -803,3 +803,65 @@ async fn the_node_port_reads_nothing_from_a_peer_without_the_secret() {
     on_b.message("real").await;
     assert!(!on_b.messages().iter().any(|m| m == "forged"));
 }
+
+/// The inbox cap holds under concurrent pushes from every node, and every
+/// key the cluster wrote has a TTL.
+#[tokio::test]
+async fn the_inbox_cap_is_atomic_and_every_key_expires() {
+    let redis = Redis::start(free_port()).await;
+    let mut n = Vec::new();
+    for id in ["A", "B"] {
+        let mut s = node_settings(&redis.url(), id);
+        s.delivery.inbox_max = 5;
+        n.push(start(s).await);
+    }
+    wait_for_nodes(&Api::new(&n[0]), 2).await;
+    let mut on_b = on(&n[1], "sub", "sub-phone", "android", "").await;
+    let (st, _) = Api::new(&n[1])
+        .text(
+            reqwest::Method::PUT,
+            "/api/v1/topics/news/subscribers/sub",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200);
+    let sends = (0..40).map(|i| {
+        let api = Api::new(&n[i % 2]);
+        async move {
+            api.post(
+                "/api/v1/push",
+                json!({"userId": "offline-olga", "content": format!("m{i}"), "ttlSeconds": 600}),
+            )
+            .await
+        }
+    });
+    let results = futures_util::future::join_all(sends).await;
+    let stored = results.iter().filter(|(_, v)| v["stored"] == true).count();
+    assert_eq!(stored, 5, "{results:?}");
+    let (_, user) = Api::new(&n[0]).get("/api/v1/users/offline-olga").await;
+    assert_eq!(user["inbox"], 5);
+    // A trace with a recipient, a route, a topic, the node registry: all expire.
+    let (_, r) = Api::new(&n[0])
+        .post(
+            "/api/v1/push",
+            json!({"userId": "sub", "content": "ttl check"}),
+        )
+        .await;
+    on_b.message("ttl check").await;
+    assert!(r["traceId"].is_string());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let redis::Value::Array(keys) = redis.query(&["KEYS", "*"]).await else {
+        panic!("keys");
+    };
+    assert!(keys.len() >= 5, "{keys:?}");
+    for k in keys {
+        let redis::Value::BulkString(k) = k else {
+            continue;
+        };
+        let k = String::from_utf8(k).expect("utf-8");
+        let redis::Value::Int(ttl) = redis.query(&["TTL", &k]).await else {
+            panic!("ttl");
+        };
+        assert!(ttl > 0, "{k} has no TTL ({ttl})");
+    }
+}

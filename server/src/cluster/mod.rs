@@ -157,6 +157,9 @@ impl Cluster {
         p.set_ex(node_key(&me.id), me.to_json(), ttl)
             .ignore()
             .sadd(NODES, &me.id)
+            .ignore()
+            // Every key has a TTL: the set lives as long as a node renews it.
+            .expire(NODES, (ttl * 10) as i64)
             .ignore();
         let ok = p
             .query_async::<()>(&mut c)

@@ -76,18 +76,16 @@ impl Transport for Ws {
     const NAME: &'static str = "ws";
 
     async fn recv(&mut self) -> io::Result<Incoming> {
-        loop {
-            match self.0.next().await {
-                None => return Ok(Incoming::Eof),
-                Some(Err(e)) => return Err(io::Error::other(e)),
-                Some(Ok(Message::Binary(b))) => return Ok(Incoming::Data(b)),
-                Some(Ok(Message::Text(t))) => return Ok(Incoming::Text(t.as_str().to_owned())),
-                Some(Ok(Message::Close(_))) => return Ok(Incoming::Eof),
-                // Pings are answered by tungstenite on the next write or flush.
-                Some(Ok(_)) => {
-                    self.0.flush().await.map_err(io::Error::other)?;
-                    return Ok(Incoming::Activity);
-                }
+        match self.0.next().await {
+            None => Ok(Incoming::Eof),
+            Some(Err(e)) => Err(io::Error::other(e)),
+            Some(Ok(Message::Binary(b))) => Ok(Incoming::Data(b)),
+            Some(Ok(Message::Text(t))) => Ok(Incoming::Text(t.as_str().to_owned())),
+            Some(Ok(Message::Close(_))) => Ok(Incoming::Eof),
+            // Pings are answered by tungstenite on the next write or flush.
+            Some(Ok(_)) => {
+                self.0.flush().await.map_err(io::Error::other)?;
+                Ok(Incoming::Activity)
             }
         }
     }

@@ -146,10 +146,16 @@ impl TraceStore for RedisTraces {
                 .arg(&key)
                 .arg(&field)
                 .arg(&placeholder)
+                .arg("_meta")
                 .query_async(&mut c)
                 .await,
         );
         let fields = fields.unwrap_or_default();
+        if fields.get(2).cloned().flatten().is_none() {
+            // The trace expired (or never was): recording must not create a
+            // key without a TTL.
+            return;
+        }
         let existing = fields
             .first()
             .cloned()
@@ -186,8 +192,15 @@ impl TraceStore for RedisTraces {
         if from_placeholder && !e.device_id.is_empty() {
             p.hdel(&key, &placeholder).ignore();
         }
+        // Should the key have expired since the read, the write recreates it:
+        // EXPIRE NX gives it a TTL then and leaves a live one alone (Redis 7).
         let res: redis::RedisResult<()> = p
             .hset(&key, &field, recipient_json(&r).to_string())
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(self.ttl_secs)
+            .arg("NX")
             .ignore()
             .query_async(&mut c)
             .await;
@@ -253,6 +266,21 @@ fn recipient_from_json(v: &Value) -> RecipientState {
     }
 }
 
+/// Appends ARGV[3] unless a message with id ARGV[2] is there (1) or the list
+/// holds ARGV[1] already (0); the key lives ARGV[4] seconds.
+const INBOX_PUSH: &str = r#"
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local a = '"id":' .. ARGV[2] .. ','
+local b = '"id":' .. ARGV[2] .. '}'
+for _, v in ipairs(items) do
+  if string.find(v, a, 1, true) or string.find(v, b, 1, true) then return 2 end
+end
+if #items >= tonumber(ARGV[1]) then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"#;
+
 /// Inboxes: a list per user (`mp:inbox:<user>`) of JSON messages.
 pub struct RedisInbox {
     pub redis: RedisHandle,
@@ -289,22 +317,23 @@ fn message_from(s: &str) -> Option<StoredMessage> {
 impl InboxStore for RedisInbox {
     async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxFull> {
         let key = format!("mp:inbox:{user_id}");
-        let existing = self.list(user_id, unix_ms()).await;
-        if existing.iter().any(|m| m.message_id == message.message_id) {
-            return Ok(());
-        }
-        if existing.len() >= self.max {
-            return Err(InboxFull(user_id.to_owned()));
-        }
+        // Drops expired entries first (list does), then checks and appends in
+        // one script: concurrent pushes cannot overshoot the cap.
+        self.list(user_id, unix_ms()).await;
         let mut c = self.redis.conn();
-        let res: redis::RedisResult<()> = redis::pipe()
-            .rpush(&key, message_json(&message))
-            .ignore()
-            .expire(&key, self.max_ttl_secs as i64)
-            .ignore()
-            .query_async(&mut c)
+        let res: redis::RedisResult<i64> = redis::Script::new(INBOX_PUSH)
+            .key(&key)
+            .arg(self.max)
+            .arg(message.message_id.to_string())
+            .arg(message_json(&message))
+            .arg(self.max_ttl_secs)
+            .invoke_async(&mut c)
             .await;
-        log("inbox push", res).ok_or_else(|| InboxFull(format!("{user_id} (redis unavailable)")))
+        match log("inbox push", res) {
+            Some(0) => Err(InboxFull(user_id.to_owned())),
+            Some(_) => Ok(()),
+            None => Err(InboxFull(format!("{user_id} (redis unavailable)"))),
+        }
     }
 
     async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage> {
@@ -341,6 +370,9 @@ impl InboxStore for RedisInbox {
     }
 }
 
+/// How long a topic's subscriber set outlives its latest subscription (90 days).
+pub const TOPIC_TTL_SECS: i64 = 90 * 86_400;
+
 /// Topics: a set per topic (`mp:topic:<topic>`), as mpush's `topic:{topic}`.
 pub struct RedisTopics {
     pub redis: RedisHandle,
@@ -350,13 +382,15 @@ pub struct RedisTopics {
 impl TopicStore for RedisTopics {
     async fn subscribe(&self, topic: &str, user_id: &str) -> bool {
         let mut c = self.redis.conn();
-        log(
-            "topic subscribe",
-            c.sadd::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
-                .await,
-        )
-        .unwrap_or(0)
-            > 0
+        let key = format!("mp:topic:{topic}");
+        // Every key has a TTL: a topic lives TOPIC_TTL_SECS after its last subscription.
+        let r: redis::RedisResult<(i64,)> = redis::pipe()
+            .sadd(&key, user_id)
+            .expire(&key, TOPIC_TTL_SECS)
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        log("topic subscribe", r).is_some_and(|(n,)| n > 0)
     }
 
     async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
