@@ -96,10 +96,6 @@ pub struct Security {
     /// Serve only the v2 profile: legacy, plaintext and JSON handshakes and
     /// legacy fast connects are refused.
     pub require_v2: bool,
-    /// Keep resumable session secrets in Redis unencrypted, in mpush's value
-    /// format (to share sessions with Java mpush nodes during a migration).
-    /// Default: sealed with a key derived from the server's RSA key.
-    pub plaintext_sessions_at_rest: bool,
     /// Host names the HTTP API answers to (DNS-rebinding defence), besides
     /// IP literals and `localhost`; `*` allows any.
     pub allowed_hosts: Vec<String>,

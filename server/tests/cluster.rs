@@ -813,6 +813,8 @@ async fn the_inbox_cap_is_atomic_and_every_key_expires() {
     for id in ["A", "B"] {
         let mut s = node_settings(&redis.url(), id);
         s.delivery.inbox_max = 5;
+        s.limits.max_topics_per_user = 2;
+        s.limits.max_subscribers_per_topic = 2;
         n.push(start(s).await);
     }
     wait_for_nodes(&Api::new(&n[0]), 2).await;
@@ -825,6 +827,24 @@ async fn the_inbox_cap_is_atomic_and_every_key_expires() {
         )
         .await;
     assert_eq!(st, 200);
+    // Topic caps hold on Redis too: two topics per user, two subscribers per topic.
+    let put = |node: usize, topic: &str, user: &str| {
+        let api = Api::new(&n[node]);
+        let path = format!("/api/v1/topics/{topic}/subscribers/{user}");
+        async move { api.text(reqwest::Method::PUT, &path, None).await.0 }
+    };
+    assert_eq!(put(0, "sports", "sub").await, 200);
+    assert_eq!(
+        put(1, "weather", "sub").await,
+        409,
+        "third topic of one user"
+    );
+    assert_eq!(put(0, "news", "ann").await, 200);
+    assert_eq!(
+        put(1, "news", "bob").await,
+        409,
+        "third subscriber of one topic"
+    );
     let sends = (0..40).map(|i| {
         let api = Api::new(&n[i % 2]);
         async move {

@@ -448,7 +448,15 @@ async fn subscribe(
     let Path((topic, user)) = path?;
     check_topic(&topic)?;
     check_user(&user)?;
-    let new = s.hub.topics.subscribe(&topic, &user).await;
+    let new = s
+        .hub
+        .topics
+        .subscribe(&topic, &user)
+        .await
+        .map_err(|e| match e {
+            crate::store::TopicFull::Unavailable => ApiError::unavailable(e.to_string()),
+            _ => ApiError::conflict(e.to_string()),
+        })?;
     Ok(Json(
         json!({ "topic": topic, "userId": user, "subscribed": true, "new": new }),
     ))

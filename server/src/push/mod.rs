@@ -93,7 +93,10 @@ impl Hub {
             d.trace_max_bytes,
         ));
         let inbox = Arc::new(MemoryInbox::new(d.inbox_max));
-        let topics = Arc::new(MemoryTopics::default());
+        let topics = Arc::new(MemoryTopics::new(
+            l.max_topics_per_user,
+            l.max_subscribers_per_topic,
+        ));
         Self::new(cfg, sessions, traces, inbox, topics)
     }
 
@@ -114,7 +117,11 @@ impl Hub {
                 max: d.inbox_max,
                 max_ttl_secs: d.max_ttl_secs,
             }),
-            Arc::new(RedisTopics { redis: r }),
+            Arc::new(RedisTopics {
+                redis: r,
+                max_topics_per_user: cfg.settings.limits.max_topics_per_user,
+                max_subscribers: cfg.settings.limits.max_subscribers_per_topic,
+            }),
         );
         let _ = hub.cluster.set(cluster);
         hub

@@ -8,8 +8,8 @@ use mpush_protocol::session::SessionRecord;
 use parking_lot::Mutex;
 
 use super::{
-    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicStore, TraceEvent,
-    TraceState, TraceStore, TraceView,
+    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicFull, TopicStore,
+    TraceEvent, TraceState, TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
 
@@ -461,6 +461,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn topics_are_bounded_per_user_and_per_topic() {
+        let t = MemoryTopics::new(2, 3);
+        assert_eq!(t.subscribe("a", "u").await, Ok(true));
+        assert_eq!(t.subscribe("a", "u").await, Ok(false), "already there");
+        assert_eq!(t.subscribe("b", "u").await, Ok(true));
+        assert!(matches!(
+            t.subscribe("c", "u").await,
+            Err(TopicFull::User(..))
+        ));
+        assert!(t.unsubscribe("b", "u").await);
+        assert_eq!(t.subscribe("c", "u").await, Ok(true), "a slot came back");
+        for v in ["v", "w"] {
+            assert_eq!(t.subscribe("a", v).await, Ok(true));
+        }
+        assert!(matches!(
+            t.subscribe("a", "x").await,
+            Err(TopicFull::Topic(..))
+        ));
+    }
+
+    #[tokio::test]
     async fn traces_are_bounded_by_count() {
         let t = MemoryTraces::new(3600, 2, 1 << 30);
         for id in ["a", "b", "c"] {
@@ -471,37 +492,85 @@ mod tests {
     }
 }
 
-#[derive(Default)]
 pub struct MemoryTopics {
-    map: Mutex<HashMap<String, HashSet<String>>>,
+    max_topics_per_user: usize,
+    max_subscribers: usize,
+    inner: Mutex<TopicMaps>,
+}
+
+#[derive(Default)]
+struct TopicMaps {
+    topics: HashMap<String, HashSet<String>>,
+    users: HashMap<String, HashSet<String>>,
+}
+
+impl MemoryTopics {
+    pub fn new(max_topics_per_user: usize, max_subscribers: usize) -> Self {
+        Self {
+            max_topics_per_user,
+            max_subscribers,
+            inner: Mutex::new(TopicMaps::default()),
+        }
+    }
+}
+
+impl Default for MemoryTopics {
+    fn default() -> Self {
+        Self::new(256, 1_000_000)
+    }
 }
 
 #[async_trait]
 impl TopicStore for MemoryTopics {
-    async fn subscribe(&self, topic: &str, user_id: &str) -> bool {
-        self.map
-            .lock()
+    async fn subscribe(&self, topic: &str, user_id: &str) -> Result<bool, TopicFull> {
+        let mut g = self.inner.lock();
+        let m = &mut *g;
+        if m.topics.get(topic).is_some_and(|s| s.contains(user_id)) {
+            return Ok(false);
+        }
+        let subs = m.topics.get(topic).map_or(0, HashSet::len);
+        if subs >= self.max_subscribers {
+            return Err(TopicFull::Topic(topic.to_owned(), subs));
+        }
+        let mine = m.users.get(user_id).map_or(0, HashSet::len);
+        if mine >= self.max_topics_per_user {
+            return Err(TopicFull::User(user_id.to_owned(), mine));
+        }
+        m.topics
             .entry(topic.to_owned())
             .or_default()
-            .insert(user_id.to_owned())
+            .insert(user_id.to_owned());
+        m.users
+            .entry(user_id.to_owned())
+            .or_default()
+            .insert(topic.to_owned());
+        Ok(true)
     }
 
     async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
-        let mut map = self.map.lock();
-        let Some(set) = map.get_mut(topic) else {
+        let mut g = self.inner.lock();
+        let m = &mut *g;
+        let Some(set) = m.topics.get_mut(topic) else {
             return false;
         };
         let removed = set.remove(user_id);
         if set.is_empty() {
-            map.remove(topic);
+            m.topics.remove(topic);
+        }
+        if let Some(t) = m.users.get_mut(user_id) {
+            t.remove(topic);
+            if t.is_empty() {
+                m.users.remove(user_id);
+            }
         }
         removed
     }
 
     async fn subscribers(&self, topic: &str) -> Vec<String> {
         let mut v: Vec<String> = self
-            .map
+            .inner
             .lock()
+            .topics
             .get(topic)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default();

@@ -116,11 +116,22 @@ pub trait InboxStore: Send + Sync + 'static {
     async fn len(&self, user_id: &str) -> usize;
 }
 
-/// Topic subscriptions.
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicFull {
+    #[error("`{0}` is subscribed to {1} topics already (limits.max_topics_per_user)")]
+    User(String, usize),
+    #[error("topic `{0}` has {1} subscribers already (limits.max_subscribers_per_topic)")]
+    Topic(String, usize),
+    #[error("the topic store is unavailable")]
+    Unavailable,
+}
+
+/// Topic subscriptions, bounded per user and per topic.
 #[async_trait]
 pub trait TopicStore: Send + Sync + 'static {
-    /// True when newly subscribed.
-    async fn subscribe(&self, topic: &str, user_id: &str) -> bool;
+    /// True when newly subscribed; refused over either bound.
+    async fn subscribe(&self, topic: &str, user_id: &str) -> Result<bool, TopicFull>;
     async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool;
     async fn subscribers(&self, topic: &str) -> Vec<String>;
 }

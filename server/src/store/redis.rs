@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tracing::warn;
 
 use super::{
-    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicStore, TraceEvent,
-    TraceState, TraceStore, TraceView,
+    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicFull, TopicStore,
+    TraceEvent, TraceState, TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
 use crate::cluster::redis_conn::RedisHandle;
@@ -373,28 +373,76 @@ impl InboxStore for RedisInbox {
 /// How long a topic's subscriber set outlives its latest subscription (90 days).
 pub const TOPIC_TTL_SECS: i64 = 90 * 86_400;
 
-/// Topics: a set per topic (`mp:topic:<topic>`), as mpush's `topic:{topic}`.
+/// Adds ARGV[1] to the set KEYS[1] unless it holds ARGV[2] members already
+/// (-1); 1 when added, 0 when there; the set lives ARGV[3] seconds. One key
+/// per script, so it works on a Redis Cluster too.
+const SET_ADD_CAPPED: &str = r#"
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  return 0
+end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return -1 end
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"#;
+
+/// Topics: a set per topic (`mp:topic:<topic>`, as mpush's `topic:{topic}`)
+/// and a set per user of its topics (`mp:ut:<user>`), both capped atomically.
 pub struct RedisTopics {
     pub redis: RedisHandle,
+    pub max_topics_per_user: usize,
+    pub max_subscribers: usize,
+}
+
+impl RedisTopics {
+    async fn add(&self, key: &str, member: &str, max: usize) -> Option<i64> {
+        let mut c = self.redis.conn();
+        log(
+            "topic subscribe",
+            redis::Script::new(SET_ADD_CAPPED)
+                .key(key)
+                .arg(member)
+                .arg(max)
+                .arg(TOPIC_TTL_SECS)
+                .invoke_async(&mut c)
+                .await,
+        )
+    }
 }
 
 #[async_trait]
 impl TopicStore for RedisTopics {
-    async fn subscribe(&self, topic: &str, user_id: &str) -> bool {
-        let mut c = self.redis.conn();
-        let key = format!("mp:topic:{topic}");
-        // Every key has a TTL: a topic lives TOPIC_TTL_SECS after its last subscription.
-        let r: redis::RedisResult<(i64,)> = redis::pipe()
-            .sadd(&key, user_id)
-            .expire(&key, TOPIC_TTL_SECS)
-            .ignore()
-            .query_async(&mut c)
-            .await;
-        log("topic subscribe", r).is_some_and(|(n,)| n > 0)
+    async fn subscribe(&self, topic: &str, user_id: &str) -> Result<bool, TopicFull> {
+        let (tkey, ukey) = (format!("mp:topic:{topic}"), format!("mp:ut:{user_id}"));
+        // The user's side first; given back if the topic is full.
+        match self.add(&ukey, topic, self.max_topics_per_user).await {
+            None => return Err(TopicFull::Unavailable),
+            Some(-1) => {
+                return Err(TopicFull::User(
+                    user_id.to_owned(),
+                    self.max_topics_per_user,
+                ));
+            }
+            Some(_) => {}
+        }
+        match self.add(&tkey, user_id, self.max_subscribers).await {
+            None => Err(TopicFull::Unavailable),
+            Some(-1) => {
+                let mut c = self.redis.conn();
+                let _: Option<i64> = log("topic undo", c.srem(&ukey, topic).await);
+                Err(TopicFull::Topic(topic.to_owned(), self.max_subscribers))
+            }
+            Some(n) => Ok(n == 1),
+        }
     }
 
     async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
         let mut c = self.redis.conn();
+        let _: Option<i64> = log(
+            "topic unsubscribe",
+            c.srem(format!("mp:ut:{user_id}"), topic).await,
+        );
         log(
             "topic unsubscribe",
             c.srem::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
