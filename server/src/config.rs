@@ -96,6 +96,11 @@ pub struct Security {
     /// Serve only the v2 profile: legacy, plaintext and JSON handshakes and
     /// legacy fast connects are refused.
     pub require_v2: bool,
+    /// Opt-in: keep resumable session secrets in Redis unsealed, in mpush's
+    /// value format (to share sessions with Java mpush nodes during a
+    /// migration). Default: sealed with a key derived from the RSA key, so
+    /// read access to Redis does not let anyone resume a session.
+    pub plaintext_sessions_at_rest: bool,
     /// Host names the HTTP API answers to (DNS-rebinding defence), besides
     /// IP literals and `localhost`; `*` allows any.
     pub allowed_hosts: Vec<String>,

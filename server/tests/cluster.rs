@@ -885,3 +885,68 @@ async fn the_inbox_cap_is_atomic_and_every_key_expires() {
         assert!(ttl > 0, "{k} has no TTL ({ttl})");
     }
 }
+
+/// Session secrets are sealed in Redis: reading `mp:rs:*` shows no key, and a
+/// record planted by someone who can write to Redis does not resume.
+#[tokio::test]
+async fn session_secrets_are_sealed_at_rest() {
+    use mpush_protocol::session::{ResumeTicket, SessionRecord, SessionSecret};
+    let redis = Redis::start(free_port()).await;
+    let node = start(node_settings(&redis.url(), "A")).await;
+    let dev = common::device("sealed-1", "android");
+    let mut c = TestClient::connect(&node, Via::Tcp, false, dev.clone(), None).await;
+    let ClientEvent::Connected {
+        ticket: Some(ticket),
+        ..
+    } = c.connected().await
+    else {
+        panic!("a ticket");
+    };
+    let redis::Value::BulkString(v) = redis
+        .query(&["GET", &format!("mp:rs:{}", ticket.session_id)])
+        .await
+    else {
+        panic!("stored");
+    };
+    let v = String::from_utf8(v).expect("utf-8");
+    assert!(v.starts_with("s1:"), "{v}");
+    assert!(!v.contains("sealed-1"), "no plaintext fields: {v}");
+    // The real ticket still resumes (on any node holding the RSA key).
+    let mut again =
+        TestClient::connect(&node, Via::Tcp, false, dev.clone(), Some(ticket.clone())).await;
+    let ClientEvent::Connected { resumed, .. } = again.connected().await else {
+        panic!("connected");
+    };
+    assert!(resumed);
+    // A forged record in mpush's plaintext format, with a key the forger knows.
+    let SessionSecret::Legacy { key, iv } = ticket.secret.clone() else {
+        panic!("legacy");
+    };
+    let forged = SessionRecord {
+        session_id: "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0".into(),
+        device: dev.clone(),
+        secret: SessionSecret::Legacy { key, iv },
+        expire_at_ms: unix_ms() + 60_000,
+    };
+    let value = forged.to_mpush_value().expect("mpush value");
+    redis
+        .query(&[
+            "SET",
+            &format!("mp:rs:{}", forged.session_id),
+            &value,
+            "EX",
+            "60",
+        ])
+        .await;
+    let planted = ResumeTicket {
+        session_id: forged.session_id.clone(),
+        expire_at_ms: forged.expire_at_ms,
+        secret: forged.secret.clone(),
+    };
+    let mut f = TestClient::connect(&node, Via::Tcp, false, dev, Some(planted)).await;
+    let ClientEvent::Connected { resumed, .. } = f.connected().await else {
+        panic!("connected");
+    };
+    assert!(!resumed, "a planted plaintext record is not a way in");
+    node.shutdown().await;
+}

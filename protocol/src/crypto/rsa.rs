@@ -106,6 +106,19 @@ impl RsaPrivate {
         Ok((Self { key }, der))
     }
 
+    /// A symmetric key derived from this private key (HKDF-SHA256 over the
+    /// private exponent, `label` as info): every node that holds the RSA key
+    /// derives the same one, and nobody else can.
+    pub fn derive_key(&self, label: &[u8]) -> super::AesKey {
+        use rsa::traits::PrivateKeyParts;
+        let d = zeroize::Zeroizing::new(self.key.d().to_be_bytes());
+        let hk = hkdf::Hkdf::<sha2::Sha256>::new(Some(b"mpush-rs key derivation"), &d);
+        let mut out = [0u8; super::AES_KEY_LEN];
+        // 16 bytes is far below HKDF's output limit.
+        hk.expand(label, &mut out).expect("HKDF length");
+        super::AesKey(out)
+    }
+
     /// The key's public half.
     pub fn public(&self) -> RsaPublic {
         RsaPublic {

@@ -107,7 +107,11 @@ impl Hub {
         let r = cluster.redis.clone();
         let hub = Self::new(
             cfg.clone(),
-            Arc::new(RedisSessions { redis: r.clone() }),
+            Arc::new(RedisSessions {
+                redis: r.clone(),
+                sealer: (!cfg.settings.security.plaintext_sessions_at_rest)
+                    .then(|| crate::store::redis::SessionSealer::new(&cfg.private_key)),
+            }),
             Arc::new(RedisTraces {
                 redis: r.clone(),
                 ttl_secs: d.trace_ttl_secs,

@@ -37,9 +37,48 @@ fn log<T>(what: &str, r: redis::RedisResult<T>) -> Option<T> {
     }
 }
 
-/// Sessions: legacy ones in mpush's exact value format, v2 ones as JSON.
+/// Sessions: legacy ones in mpush's value format, v2 ones as JSON, and
+/// either sealed at rest (`s1:` + base64 of AES-GCM with the session id as
+/// associated data, under a key derived from the server's RSA key): read
+/// access to Redis does not let anyone resume a session. With `sealer`
+/// `None` (`security.plaintext_sessions_at_rest`) values stay as mpush
+/// wrote them, for clusters that share sessions with Java mpush nodes.
 pub struct RedisSessions {
     pub redis: RedisHandle,
+    pub sealer: Option<SessionSealer>,
+}
+
+/// Seals session values at rest.
+pub struct SessionSealer {
+    cipher: mpush_protocol::crypto::SessionCipher,
+}
+
+const SEALED: &str = "s1:";
+
+impl SessionSealer {
+    pub fn new(key: &mpush_protocol::crypto::RsaPrivate) -> Self {
+        Self {
+            cipher: mpush_protocol::crypto::SessionCipher::gcm(
+                &key.derive_key(b"mpush sessions at rest v1"),
+            ),
+        }
+    }
+
+    pub fn seal(&self, session_id: &str, value: &str) -> String {
+        let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
+            crate::clock::seed(),
+        );
+        let sealed = self
+            .cipher
+            .seal(&mut rng, session_id.as_bytes(), value.as_bytes());
+        format!("{SEALED}{}", b64(&sealed))
+    }
+
+    pub fn open(&self, session_id: &str, stored: &str) -> Option<String> {
+        let sealed = unb64(stored.strip_prefix(SEALED)?)?;
+        let plain = self.cipher.open(session_id.as_bytes(), &sealed).ok()?;
+        String::from_utf8(plain).ok()
+    }
 }
 
 #[async_trait]
@@ -57,6 +96,10 @@ impl SessionStore for RedisSessions {
                 "resumeKey": b64(&resume_key.0),
             })
             .to_string(),
+        };
+        let value = match &self.sealer {
+            Some(s) => s.seal(&r.session_id, &value),
+            None => value,
         };
         let mut c = self.redis.conn();
         let res: redis::RedisResult<()> = redis::cmd("SET")
@@ -76,7 +119,18 @@ impl SessionStore for RedisSessions {
             "session get",
             redis::pipe().get(&key).pttl(&key).query_async(&mut c).await,
         )?;
-        let value = value?;
+        let value = match (&self.sealer, value?) {
+            (Some(s), v) => match s.open(session_id, &v) {
+                Some(plain) => plain,
+                None => {
+                    // Unsealed (written without the key) or tampered with:
+                    // never a way in.
+                    metrics::counter!("mpush_sessions_unsealable_total").increment(1);
+                    return None;
+                }
+            },
+            (None, v) => v,
+        };
         let expire_at_ms = unix_ms() + pttl.max(0);
         if !value.starts_with('{') {
             return SessionRecord::from_mpush_value(session_id, expire_at_ms, &value);
