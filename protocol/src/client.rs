@@ -722,6 +722,7 @@ impl ClientConnection {
             return Ok(());
         };
         let ok = FastConnectOk::from_bytes(&p.body)?;
+        let mut next = None;
         let (cipher, profile) = match (&ticket.secret, &ok.accept) {
             (SessionSecret::Legacy { key, iv }, _) => {
                 (SessionCipher::cbc(key, *iv), Profile::Legacy)
@@ -734,6 +735,20 @@ impl ClientConnection {
                     ));
                 }
                 let key = connection_key(resume_key, client_nonce, &accept.server_nonce);
+                // Single-use tickets: the server named the session to use next time.
+                if !accept.next_session_id.is_empty() {
+                    next = Some(ResumeTicket {
+                        session_id: accept.next_session_id.clone(),
+                        expire_at_ms: accept.next_expire_at_ms,
+                        secret: SessionSecret::V2 {
+                            resume_key: crate::crypto::next_resume_key(
+                                resume_key,
+                                client_nonce,
+                                &accept.server_nonce,
+                            ),
+                        },
+                    });
+                }
                 (SessionCipher::gcm(&key), Profile::V2)
             }
             (SessionSecret::V2 { .. }, None) => {
@@ -746,7 +761,7 @@ impl ClientConnection {
             profile,
             heartbeat: self.heartbeat,
             resumed: true,
-            ticket: None,
+            ticket: next,
         });
         Ok(())
     }

@@ -192,6 +192,9 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
                 Some(a) => Some(v2::ResumeAccept {
                     server_nonce: a.hex("serverNonce")?,
                     proof: a.hex("proof")?,
+                    // Not in the vector (servers before single-use tickets).
+                    next_session_id: String::new(),
+                    next_expire_at_ms: 0,
                 }),
                 None => None,
             };

@@ -161,10 +161,14 @@ pub enum ServerEvent {
         session_id: String,
         device_id: String,
     },
-    /// A fast connect succeeded.
+    /// A fast connect succeeded. On v2 the ticket was single-use: delete
+    /// `replaces` (if it was already gone, a concurrent resume used the same
+    /// ticket: close this connection) and store `session`, the next one.
     Resumed {
         device: DeviceInfo,
         profile: Profile,
+        session: Option<SessionRecord>,
+        replaces: Option<String>,
     },
     /// Register the route (and check `token`), then call `handle_bind_result`.
     BindRequested {
@@ -457,6 +461,7 @@ impl ServerConnection {
             return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         }
         let heartbeat = self.negotiate_heartbeat(request.max_heartbeat);
+        let mut next = None;
         let (cipher, profile, accept) = match (&record.secret, &request.proof) {
             (SessionSecret::Legacy { key, iv }, _) => {
                 (SessionCipher::cbc(key, *iv), Profile::Legacy, None)
@@ -472,9 +477,25 @@ impl ServerConnection {
                     return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
                 }
                 let server_nonce: [u8; 16] = random_array(&mut self.rng);
+                let next_id = hex_id(&random_array::<16>(&mut self.rng));
+                let next_expire = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+                next = Some(SessionRecord {
+                    session_id: next_id.clone(),
+                    device: record.device.clone(),
+                    secret: SessionSecret::V2 {
+                        resume_key: crate::crypto::next_resume_key(
+                            resume_key,
+                            &proof.client_nonce,
+                            &server_nonce,
+                        ),
+                    },
+                    expire_at_ms: next_expire,
+                });
                 let accept = v2::ResumeAccept {
                     server_nonce: server_nonce.to_vec(),
                     proof: resume_accept_proof(resume_key, &proof.client_nonce, &server_nonce),
+                    next_session_id: next_id,
+                    next_expire_at_ms: next_expire,
                 };
                 let key = connection_key(resume_key, &proof.client_nonce, &server_nonce);
                 (SessionCipher::gcm(&key), Profile::V2, Some(accept))
@@ -495,9 +516,12 @@ impl ServerConnection {
         self.device = Some(record.device.clone());
         self.user = None;
         self.establish();
+        let replaces = next.as_ref().map(|_| record.session_id.clone());
         self.events.push_back(ServerEvent::Resumed {
             device: record.device,
             profile,
+            session: next,
+            replaces,
         });
     }
 

@@ -298,6 +298,18 @@ impl Pair {
                     .decrypt(&mut self.rng, ciphertext);
                 self.server.handle_decrypt_result(plain, self.now);
             }
+            ServerEvent::Resumed {
+                session, replaces, ..
+            } => {
+                if let Some(old) = replaces
+                    && self.sessions.remove(old).is_none()
+                {
+                    self.server.close();
+                }
+                if let Some(s) = session {
+                    self.sessions.insert(s.session_id.clone(), s.clone());
+                }
+            }
             ServerEvent::ResumeRequested { session_id, .. } => {
                 let record = self.sessions.get(session_id).cloned();
                 self.server.handle_resume_result(record, self.now);

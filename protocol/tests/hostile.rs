@@ -384,3 +384,47 @@ fn a_declared_length_is_not_an_allocation() {
     assert!(matches!(d.decode(&mut buf), Ok(None)));
     assert!(buf.capacity() < 4096, "{}", buf.capacity());
 }
+
+fn tickets(p: &Pair) -> Vec<(bool, mpush_protocol::session::ResumeTicket)> {
+    p.client_events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::Connected {
+                resumed,
+                ticket: Some(t),
+                ..
+            } => Some((*resumed, t.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn v2_resume_tickets_are_single_use() {
+    let mut p = Pair::new(31, true, true, LinkFaults::perfect());
+    p.run_for(Duration::from_secs(1));
+    let first = tickets(&p).pop().expect("ticket").1;
+    // Resuming hands out the next ticket and retires the one used.
+    p.reconnect(Some(first.clone()));
+    p.run_for(Duration::from_secs(1));
+    let (resumed, second) = tickets(&p).pop().expect("a new ticket");
+    assert!(resumed);
+    assert_ne!(second.session_id, first.session_id);
+    assert!(
+        !p.sessions.contains_key(&first.session_id),
+        "the old one is gone"
+    );
+    // A replay of the used ticket does not resume.
+    let before = p.client_events.len();
+    p.reconnect(Some(first));
+    p.run_for(Duration::from_secs(1));
+    assert!(
+        p.client_events[before..]
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Connected { resumed: false, .. }))
+    );
+    // The new one does (once).
+    p.reconnect(Some(second));
+    p.run_for(Duration::from_secs(1));
+    assert!(matches!(tickets(&p).pop(), Some((true, _))));
+}

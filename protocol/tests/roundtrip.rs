@@ -66,7 +66,7 @@ proptest! {
     #[test]
     fn fast_connect_ok(hb in any::<i32>(), accept in prop::option::of((prop::collection::vec(any::<u8>(), 1..17), bytes(33)))) {
         round_trip(FastConnectOk { heartbeat: hb,
-            accept: accept.map(|(n, p)| v2::ResumeAccept { server_nonce: n, proof: p }) })?;
+            accept: accept.map(|(n, p)| v2::ResumeAccept { server_nonce: n, proof: p, ..Default::default() }) })?;
     }
 
     #[test]

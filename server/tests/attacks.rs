@@ -397,3 +397,46 @@ async fn jwt_binds_only_the_user_the_token_names() {
     c.message("for ann only").await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_v2_ticket_resumes_once_even_when_replayed_concurrently() {
+    let server = start(settings()).await;
+    let dev = device("tk-1", "android");
+    let mut c = TestClient::connect(&server, Via::Tcp, true, dev.clone(), None).await;
+    let ClientEvent::Connected {
+        ticket: Some(ticket),
+        ..
+    } = c.connected().await
+    else {
+        panic!("a ticket");
+    };
+    c.close();
+    // Four connections present the same ticket at once.
+    let mut tries = Vec::new();
+    for _ in 0..4 {
+        tries.push(TestClient::connect(
+            &server,
+            Via::Tcp,
+            true,
+            dev.clone(),
+            Some(ticket.clone()),
+        ));
+    }
+    let mut clients = futures_util::future::join_all(tries).await;
+    let mut alive_resumed = 0;
+    for t in &mut clients {
+        let ClientEvent::Connected { resumed, .. } = t.connected().await else {
+            panic!("connected");
+        };
+        t.settle(Duration::from_millis(300)).await;
+        let closed = t
+            .seen
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Closed { .. }));
+        if resumed && !closed {
+            alive_resumed += 1;
+        }
+    }
+    assert_eq!(alive_resumed, 1, "exactly one resume survives");
+    server.shutdown().await;
+}

@@ -74,6 +74,19 @@ fn mac(key: &ResumeKey, parts: &[&[u8]]) -> Vec<u8> {
 }
 
 /// The client's fast-connect proof.
+/// The resume key of the session that replaces a resumed one (tickets are
+/// single-use): bound to both nonces of the resume that issued it.
+pub fn next_resume_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> ResumeKey {
+    let mut salt = Vec::with_capacity(client_nonce.len() + server_nonce.len());
+    salt.extend_from_slice(client_nonce);
+    salt.extend_from_slice(server_nonce);
+    let hk = Hkdf::<Sha256>::new(Some(&salt), &resume.0);
+    let mut out = [0u8; RESUME_KEY_LEN];
+    hk.expand(b"mpush-v2 next resume", &mut out)
+        .expect("HKDF length");
+    ResumeKey(out)
+}
+
 pub fn resume_proof(key: &ResumeKey, session_id: &str, device_id: &str, nonce: &[u8]) -> Vec<u8> {
     mac(
         key,

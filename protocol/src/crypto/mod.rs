@@ -14,8 +14,8 @@ mod session;
 pub use compress::compress;
 pub use compress::{compress_over, decompress};
 pub use kdf::{
-    RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, resume_accept_proof,
-    resume_proof, v2_session_keys, verify_mac,
+    RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, next_resume_key,
+    resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
 };
 pub use rsa::{MPUSH_DEFAULT_PRIVATE_KEY, MPUSH_DEFAULT_PUBLIC_KEY, RsaPrivate, RsaPublic};
 pub use session::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN, SessionCipher};

@@ -401,7 +401,24 @@ impl<T: Transport> Driver<T> {
                     m.handle_resume_result(record, now);
                 }
             }
-            ServerEvent::Resumed { device, profile } => {
+            ServerEvent::Resumed {
+                device,
+                profile,
+                session,
+                replaces,
+            } => {
+                // v2 tickets are single-use: whoever deletes the old session
+                // first keeps the connection; a concurrent replay loses it.
+                if let Some(old) = replaces
+                    && !self.hub.sessions.remove(&old).await
+                {
+                    metrics::counter!("mpush_resume_replays_total").increment(1);
+                    self.machine.close();
+                    return;
+                }
+                if let Some(s) = session {
+                    self.hub.sessions.put(s).await;
+                }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "fast").increment(1);
             }

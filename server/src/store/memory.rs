@@ -107,6 +107,17 @@ impl SessionStore for MemorySessions {
         }
     }
 
+    async fn remove(&self, session_id: &str) -> bool {
+        let mut g = self.inner.lock();
+        match g.map.remove(session_id) {
+            Some(old) => {
+                g.bytes -= session_bytes(&old);
+                true
+            }
+            None => false,
+        }
+    }
+
     async fn get(&self, session_id: &str) -> Option<SessionRecord> {
         let now = unix_ms();
         self.inner

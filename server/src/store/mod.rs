@@ -16,6 +16,8 @@ pub use memory::{MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces};
 pub trait SessionStore: Send + Sync + 'static {
     async fn put(&self, record: SessionRecord);
     async fn get(&self, session_id: &str) -> Option<SessionRecord>;
+    /// Deletes a session; true when this call deleted it (single-use tickets).
+    async fn remove(&self, session_id: &str) -> bool;
 }
 
 /// The trace states of a message, per recipient device.

@@ -112,6 +112,16 @@ impl SessionStore for RedisSessions {
         log("session put", res);
     }
 
+    async fn remove(&self, session_id: &str) -> bool {
+        let mut c = self.redis.conn();
+        log(
+            "session remove",
+            c.del::<_, i64>(format!("mp:rs:{session_id}")).await,
+        )
+        .unwrap_or(0)
+            > 0
+    }
+
     async fn get(&self, session_id: &str) -> Option<SessionRecord> {
         let mut c = self.redis.conn();
         let key = format!("mp:rs:{session_id}");
