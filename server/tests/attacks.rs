@@ -440,3 +440,41 @@ async fn a_v2_ticket_resumes_once_even_when_replayed_concurrently() {
     assert_eq!(alive_resumed, 1, "exactly one resume survives");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn rsa_handshakes_per_address_stay_within_their_budget() {
+    let mut st = settings();
+    st.limits.rsa_per_ip = 3;
+    let server = start(st).await;
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        clients.push(
+            TestClient::connect(
+                &server,
+                Via::Tcp,
+                true,
+                device(&format!("b{i}"), "android"),
+                None,
+            )
+            .await,
+        );
+    }
+    let (mut connected, mut closed) = (0, 0);
+    for c in &mut clients {
+        c.settle(Duration::from_millis(500)).await;
+        if c.seen
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Connected { .. }))
+        {
+            connected += 1;
+        } else if c
+            .seen
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Closed { .. }))
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!((connected, closed), (3, 5), "a burst of 3, the rest closed");
+    server.shutdown().await;
+}
