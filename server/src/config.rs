@@ -129,7 +129,7 @@ pub struct Limits {
     pub max_connections_per_ip: usize,
     /// A connection that has not completed its handshake by then is closed.
     pub handshake_timeout_ms: u64,
-    /// Threads doing RSA handshakes at once (0: one per core), handshakes
+    /// Threads doing RSA handshakes at once (0: two per core), handshakes
     /// waiting for one at most, and RSA handshakes per second per client IP.
     pub rsa_workers: usize,
     pub rsa_queue: usize,

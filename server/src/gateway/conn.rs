@@ -13,7 +13,7 @@ use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::message::Redirect;
 use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent};
-use mpush_protocol::session::{AckMode, Profile};
+use mpush_protocol::session::{AckMode, Profile, SessionRecord};
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 use tracing::{debug, info};
@@ -381,16 +381,23 @@ impl<T: Transport> Driver<T> {
             ServerEvent::DecryptRequested { ciphertext } => {
                 // Off the async workers, within the address's budget, and
                 // never past the handshake deadline.
-                let wait = self.hub.proto.handshake_timeout;
-                let r =
-                    tokio::time::timeout(wait, self.hub.rsa.decrypt(self.peer.ip(), ciphertext))
-                        .await;
-                match (r, &mut self.machine) {
+                let deadline = tokio::time::Instant::from_std(
+                    self.accepted + self.hub.proto.handshake_timeout,
+                );
+                // Boxed: the connection task's future stays as small as an idle
+                // connection needs; this state exists only during a handshake.
+                let job = self.hub.rsa.decrypt(self.peer.ip(), ciphertext);
+                let result = Box::pin(tokio::time::timeout_at(deadline, job)).await;
+                match (result, &mut self.machine) {
                     (Ok(Ok(plain)), Machine::Binary(m)) => {
                         m.handle_decrypt_result(plain, Instant::now())
                     }
-                    (r, m) => {
-                        debug!(peer = %self.peer, refused = ?r.err().map(|_| "deadline").or(Some("budget")), "handshake not decrypted");
+                    (Ok(Err(refused)), m) => {
+                        debug!(peer = %self.peer, %refused, "handshake refused");
+                        m.close();
+                    }
+                    (_, m) => {
+                        debug!(peer = %self.peer, "handshake deadline passed waiting for RSA");
                         m.close();
                     }
                 }
@@ -407,20 +414,12 @@ impl<T: Transport> Driver<T> {
                 session,
                 replaces,
             } => {
-                // v2 tickets are single-use: whoever deletes the old session
-                // first keeps the connection; a concurrent replay loses it.
-                if let Some(old) = replaces
-                    && !self.hub.sessions.remove(&old).await
-                {
-                    metrics::counter!("mpush_resume_replays_total").increment(1);
-                    self.machine.close();
-                    return;
-                }
-                if let Some(s) = session {
-                    self.hub.sessions.put(s).await;
-                }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "fast").increment(1);
+                if replaces.is_some() || session.is_some() {
+                    // Boxed: only a resuming connection carries this state.
+                    Box::pin(self.rotate_ticket(session, replaces)).await;
+                }
             }
             ServerEvent::BindRequested {
                 request,
@@ -530,6 +529,21 @@ impl<T: Transport> Driver<T> {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// v2 tickets are single-use: whoever deletes the old session first
+    /// keeps the connection; a concurrent replay of the ticket loses it.
+    async fn rotate_ticket(&mut self, next: Option<SessionRecord>, replaces: Option<String>) {
+        if let Some(old) = replaces
+            && !self.hub.sessions.remove(&old).await
+        {
+            metrics::counter!("mpush_resume_replays_total").increment(1);
+            self.machine.close();
+            return;
+        }
+        if let Some(s) = next {
+            self.hub.sessions.put(s).await;
         }
     }
 

@@ -181,7 +181,10 @@ impl Hub {
             rsa: crate::gateway::limits::RsaPool::new(
                 cfg.private_key.clone(),
                 match s.limits.rsa_workers {
-                    0 => std::thread::available_parallelism().map_or(2, usize::from),
+                    // Two per core: RSA threads are preempted like any
+                    // other, so the async workers keep their share, and a
+                    // thread hop per handshake does not leave cores idle.
+                    0 => 2 * std::thread::available_parallelism().map_or(2, usize::from),
                     n => n,
                 },
                 s.limits.rsa_queue,
