@@ -10,10 +10,12 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use web_time::Instant;
 
 use crate::ProtocolError;
+use crate::liveness::{Check, Liveness};
 use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
 use crate::pending::PendingPushes;
@@ -32,10 +34,7 @@ pub struct JsonServerConnection {
     next_push_id: i32,
     /// Pending pushes; a retry resends the rendered frame.
     pending: PendingPushes<String>,
-    handshake_deadline: Option<Instant>,
-    last_read: Instant,
-    next_check: Instant,
-    misses: u32,
+    liveness: Liveness,
     ping: bool,
 }
 
@@ -53,10 +52,13 @@ impl JsonServerConnection {
     pub fn new(config: Arc<ServerConfig>, accepted: Instant) -> Self {
         Self {
             pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
-            handshake_deadline: Some(accepted + config.handshake_timeout),
-            last_read: accepted,
-            next_check: accepted + config.max_heartbeat,
-            misses: 0,
+            liveness: Liveness::new(
+                accepted,
+                config.handshake_timeout,
+                config.max_heartbeat,
+                Duration::ZERO,
+                config.max_heartbeat_misses,
+            ),
             ping: false,
             config,
             out: VecDeque::new(),
@@ -86,8 +88,7 @@ impl JsonServerConnection {
 
     /// Any frame from the peer (a WebSocket pong too): it is alive.
     pub fn handle_activity(&mut self, now: Instant) {
-        self.last_read = now;
-        self.misses = 0;
+        self.liveness.heard(now);
     }
 
     /// True once after the machine decided the peer should be pinged.
@@ -162,19 +163,11 @@ impl JsonServerConnection {
         if self.closed {
             return;
         }
-        if self.handshake_deadline.is_some_and(|d| now >= d) {
-            return self.close_with(CloseReason::HandshakeTimeout);
-        }
-        if now >= self.next_check {
-            let interval = self.config.max_heartbeat;
-            if now.saturating_duration_since(self.last_read) >= interval {
-                self.misses += 1;
-                if self.misses > self.config.max_heartbeat_misses {
-                    return self.close_with(CloseReason::HeartbeatTimeout);
-                }
-                self.ping = true;
-            }
-            self.next_check = now + interval;
+        match self.liveness.check(now) {
+            Check::HandshakeTimeout => return self.close_with(CloseReason::HandshakeTimeout),
+            Check::Dead => return self.close_with(CloseReason::HeartbeatTimeout),
+            Check::Missed => self.ping = true,
+            Check::Alive => {}
         }
         for (_, text) in self.pending.expire(now, &mut self.events) {
             self.out.push_back(text);
@@ -185,14 +178,7 @@ impl JsonServerConnection {
         if self.closed {
             return None;
         }
-        let mut at = self.next_check;
-        if let Some(d) = self.pending.next_deadline() {
-            at = at.min(d);
-        }
-        if let Some(d) = self.handshake_deadline {
-            at = at.min(d);
-        }
-        Some(at)
+        Some(self.liveness.next(self.pending.next_deadline()))
     }
 
     /// The next text frame to send.
@@ -299,7 +285,7 @@ impl JsonServerConnection {
             );
             return self.close_with(CloseReason::Refused("invalid handshake parameters".into()));
         }
-        self.handshake_deadline = None;
+        self.liveness.established();
         self.out
             .push_back(JsonPacket::new(Command::HANDSHAKE, p.session_id, None).to_text());
         self.device = Some(device.clone());

@@ -12,6 +12,7 @@ pub mod conformance;
 pub mod crypto;
 pub mod error;
 pub mod json_server;
+mod liveness;
 pub mod message;
 pub mod packet;
 mod pending;

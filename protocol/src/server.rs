@@ -20,6 +20,7 @@ use crate::crypto::{
     resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
 };
 use crate::error::{FrameError, ProtocolError};
+use crate::liveness::{Check, Liveness};
 use crate::message::{
     Ack, BindUser, Body, ErrorCode, ErrorMessage, FastConnect, FastConnectOk, Handshake,
     HandshakeOk, HttpRequest, HttpResponse, Kick, OkMessage, Redirect, v2,
@@ -232,16 +233,10 @@ pub struct ServerConnection {
     profile: Profile,
     device: Option<DeviceInfo>,
     user: Option<String>,
-    heartbeat: Duration,
-    last_read: Instant,
-    next_check: Instant,
-    misses: u32,
+    liveness: Liveness,
     clock_base: (Instant, i64),
     next_push_id: i32,
     pending: PendingPushes<(Flags, Bytes)>,
-    /// Until established: when the connection is closed for not finishing
-    /// its handshake.
-    handshake_deadline: Option<Instant>,
     /// A connection gets one full handshake and one fast connect attempt.
     handshake_seen: bool,
     resume_seen: bool,
@@ -275,13 +270,16 @@ impl ServerConnection {
             profile: Profile::Legacy,
             device: None,
             user: None,
-            heartbeat: hb,
-            last_read: now,
-            next_check: now + hb,
-            misses: 0,
+            liveness: Liveness::new(
+                now,
+                config.handshake_timeout,
+                hb,
+                // mpush counts a check as missed a second after the interval.
+                Duration::from_secs(1),
+                config.max_heartbeat_misses,
+            ),
             clock_base: (now, unix_ms),
             next_push_id: FIRST_PUSH_ID,
-            handshake_deadline: Some(now + config.handshake_timeout),
             handshake_seen: false,
             resume_seen: false,
             config,
@@ -301,7 +299,7 @@ impl ServerConnection {
     }
 
     pub fn heartbeat(&self) -> Duration {
-        self.heartbeat
+        self.liveness.interval()
     }
 
     pub fn is_established(&self) -> bool {
@@ -325,8 +323,7 @@ impl ServerConnection {
         if self.is_closed() {
             return;
         }
-        self.last_read = now;
-        self.misses = 0;
+        self.liveness.heard(now);
         self.inbuf.extend_from_slice(data);
         self.process_input(now);
     }
@@ -376,21 +373,10 @@ impl ServerConnection {
         if self.is_closed() {
             return;
         }
-        if self.handshake_deadline.is_some_and(|d| now >= d) {
-            self.close_with(CloseReason::HandshakeTimeout);
-            return;
-        }
-        if now >= self.next_check {
-            if now.saturating_duration_since(self.last_read)
-                > self.heartbeat + Duration::from_secs(1)
-            {
-                self.misses += 1;
-                if self.misses > self.config.max_heartbeat_misses {
-                    self.close_with(CloseReason::HeartbeatTimeout);
-                    return;
-                }
-            }
-            self.next_check = now + self.heartbeat;
+        match self.liveness.check(now) {
+            Check::HandshakeTimeout => return self.close_with(CloseReason::HandshakeTimeout),
+            Check::Dead => return self.close_with(CloseReason::HeartbeatTimeout),
+            Check::Alive | Check::Missed => {}
         }
         for (packet_id, (flags, body)) in self.pending.expire(now, &mut self.events) {
             self.send_sealed(Command::PUSH, packet_id, flags, &body);
@@ -402,14 +388,7 @@ impl ServerConnection {
         if self.is_closed() {
             return None;
         }
-        let mut at = self.next_check;
-        if let Some(d) = self.pending.next_deadline() {
-            at = at.min(d);
-        }
-        if let Some(d) = self.handshake_deadline {
-            at = at.min(d);
-        }
-        Some(at)
+        Some(self.liveness.next(self.pending.next_deadline()))
     }
 
     /// Everything queued for the socket, in one buffer (one write).
@@ -843,7 +822,7 @@ impl ServerConnection {
 
     fn establish(&mut self) {
         self.state = State::Established;
-        self.handshake_deadline = None;
+        self.liveness.established();
     }
 
     fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
@@ -1071,9 +1050,7 @@ impl ServerConnection {
     }
 
     fn set_heartbeat(&mut self, hb: Duration, now: Instant) {
-        self.heartbeat = hb;
-        self.next_check = now + hb;
-        self.misses = 0;
+        self.liveness.set_interval(hb, now);
     }
 
     fn unix_ms(&self, now: Instant) -> i64 {
