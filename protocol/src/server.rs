@@ -647,11 +647,7 @@ impl ServerConnection {
         if self.handshake_seen || !matches!(self.state, State::AwaitHandshake) {
             // One full handshake per connection: a second one (a replay, or
             // a flood of RSA work on one socket) ends it.
-            self.reply_error(
-                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::REPEAT_HANDSHAKE),
-                p.session_id,
-            );
-            self.close_with(CloseReason::Refused("repeated handshake".into()));
+            self.refuse_repeat(p, "handshake");
             return Ok(());
         }
         self.handshake_seen = true;
@@ -820,6 +816,15 @@ impl ServerConnection {
         self.close_with(CloseReason::Refused(format!("handshake refused: {why}")));
     }
 
+    /// A second handshake or fast connect on one connection closes it.
+    fn refuse_repeat(&mut self, p: &Packet, what: &str) {
+        self.reply_error(
+            ErrorMessage::new(p.cmd, ErrorCode::REPEAT_HANDSHAKE),
+            p.session_id,
+        );
+        self.close_with(CloseReason::Refused(format!("repeated {what}")));
+    }
+
     fn establish(&mut self) {
         self.state = State::Established;
         self.liveness.established();
@@ -827,11 +832,7 @@ impl ServerConnection {
 
     fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
         if self.resume_seen || self.handshake_seen || !matches!(self.state, State::AwaitHandshake) {
-            self.reply_error(
-                ErrorMessage::new(Command::FAST_CONNECT, ErrorCode::REPEAT_HANDSHAKE),
-                p.session_id,
-            );
-            self.close_with(CloseReason::Refused("repeated fast connect".into()));
+            self.refuse_repeat(p, "fast connect");
             return Ok(());
         }
         self.resume_seen = true;

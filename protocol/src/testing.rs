@@ -154,6 +154,20 @@ pub struct Pair {
     rng: Rng,
 }
 
+/// Everything a server machine queued: its frames (decoded) and its events.
+pub fn drain_server(s: &mut ServerConnection) -> (Vec<crate::packet::Frame>, Vec<ServerEvent>) {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(b) = s.poll_transmit() {
+        buf.extend_from_slice(&b);
+    }
+    let mut frames = Vec::new();
+    while let Ok(Some(f)) = crate::packet::Decoder::new(1 << 20).decode(&mut buf) {
+        frames.push(f);
+    }
+    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    (frames, events)
+}
+
 /// mpush's default key, loaded once (RSA prime recovery is not free).
 pub fn default_key() -> Arc<RsaPrivate> {
     static KEY: std::sync::OnceLock<Arc<RsaPrivate>> = std::sync::OnceLock::new();

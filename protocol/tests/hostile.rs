@@ -29,18 +29,7 @@ fn client(v2: bool, device: DeviceInfo, now: Instant) -> ClientConnection {
     ClientConnection::new(Arc::new(cfg), [5; 32], now, 0, None, DedupWindow::default())
 }
 
-fn drain(s: &mut ServerConnection) -> (Vec<Frame>, Vec<ServerEvent>) {
-    let mut buf = BytesMut::new();
-    while let Some(b) = s.poll_transmit() {
-        buf.extend_from_slice(&b);
-    }
-    let mut frames = Vec::new();
-    while let Ok(Some(f)) = Decoder::new(1 << 20).decode(&mut buf) {
-        frames.push(f);
-    }
-    let events = std::iter::from_fn(|| s.poll_event()).collect();
-    (frames, events)
-}
+use mpush_protocol::testing::drain_server as drain;
 
 fn closed_by(events: &[ServerEvent]) -> Option<&CloseReason> {
     events.iter().find_map(|e| match e {

@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
 use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
 use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::message::{BindUser, Body, ErrorCode, ErrorMessage};
-use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
+use mpush_protocol::packet::{Command, Flags, Frame, Packet};
 use mpush_protocol::server::{CloseReason, ServerConfig, ServerConnection, ServerEvent};
 use mpush_protocol::testing::{default_key, test_device};
 use mpush_protocol::{Instant, ProtocolError};
@@ -18,22 +17,7 @@ fn server() -> (ServerConnection, Instant) {
     (s, now)
 }
 
-/// Every frame the server sent, and its events.
-fn drain(s: &mut ServerConnection) -> (Vec<Frame>, Vec<ServerEvent>) {
-    let mut buf = BytesMut::new();
-    while let Some(b) = s.poll_transmit() {
-        buf.extend_from_slice(&b);
-    }
-    let mut frames = Vec::new();
-    while let Ok(Some(f)) = Decoder::new(1 << 20).decode(&mut buf) {
-        frames.push(f);
-    }
-    let mut events = Vec::new();
-    while let Some(e) = s.poll_event() {
-        events.push(e);
-    }
-    (frames, events)
-}
+use mpush_protocol::testing::drain_server as drain;
 
 fn error_of(frames: &[Frame]) -> ErrorMessage {
     frames
