@@ -187,7 +187,13 @@ impl JsonServerConnection {
     }
 
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
-        self.events.pop_front()
+        let e = self.events.pop_front();
+        if e.is_none() && self.events.capacity() > 0 {
+            // Drained: an idle connection holds no event buffer (a few
+            // hundred bytes per event slot).
+            self.events = VecDeque::new();
+        }
+        e
     }
 
     pub fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {

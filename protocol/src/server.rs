@@ -397,7 +397,13 @@ impl ServerConnection {
     }
 
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
-        self.events.pop_front()
+        let e = self.events.pop_front();
+        if e.is_none() && self.events.capacity() > 0 {
+            // Drained: an idle connection holds no event buffer (a few
+            // hundred bytes per event slot).
+            self.events = VecDeque::new();
+        }
+        e
     }
 
     /// Answer to `ResumeRequested`: the stored session, if any.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use mpush_protocol::crypto::RsaPrivate;
 use mpush_protocol::error::CryptoError;
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// A token bucket per client IP: `rate` per second, a burst of the same size.
@@ -108,22 +108,45 @@ pub enum RsaRefused {
     Busy,
 }
 
-/// RSA private-key operations off the async workers: at most `workers` at
-/// once on tokio's blocking pool, at most `queue` waiting, and each client IP
-/// within its per-second budget.
+/// RSA private-key operations off the async workers: `workers` long-lived
+/// threads (each keeps its own allocator arena and RNG, so a handshake
+/// storm does not grow the process by a thread per handshake), at most
+/// `queue` handshakes waiting, and each client IP within its per-second budget.
 pub struct RsaPool {
-    key: Arc<RsaPrivate>,
-    running: Arc<Semaphore>,
-    waiting: Arc<Semaphore>,
+    jobs: std::sync::mpsc::SyncSender<Job>,
     per_ip: IpRateLimit,
 }
 
+type Job = (Bytes, oneshot::Sender<Result<Vec<u8>, CryptoError>>);
+
 impl RsaPool {
     pub fn new(key: Arc<RsaPrivate>, workers: usize, queue: usize, per_ip: u32) -> Self {
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<Job>(queue.max(1));
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..workers.max(1) {
+            let (key, rx) = (key.clone(), rx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("mpush-rsa-{i}"))
+                .spawn(move || {
+                    let mut rng =
+                        <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
+                            crate::clock::seed(),
+                        );
+                    loop {
+                        // Ends when the pool (the sending side) is dropped.
+                        let Ok((ciphertext, reply)) = rx.lock().recv() else {
+                            return;
+                        };
+                        // The caller may have given up (deadline); nothing to do then.
+                        let _ = reply.send(key.decrypt(&mut rng, &ciphertext));
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start an RSA worker thread");
+            }
+        }
         Self {
-            key,
-            running: Arc::new(Semaphore::new(workers.max(1))),
-            waiting: Arc::new(Semaphore::new(queue.max(1))),
+            jobs,
             per_ip: IpRateLimit::new(per_ip),
         }
     }
@@ -139,21 +162,11 @@ impl RsaPool {
                 .increment(1);
             return Err(RsaRefused::Budget);
         }
-        let Ok(_queued) = self.waiting.clone().try_acquire_owned() else {
+        let (reply, rx) = oneshot::channel();
+        if self.jobs.try_send((ciphertext, reply)).is_err() {
             metrics::counter!("mpush_handshakes_refused_total", "reason" => "busy").increment(1);
             return Err(RsaRefused::Busy);
-        };
-        let Ok(permit) = self.running.clone().acquire_owned().await else {
-            return Err(RsaRefused::Busy);
-        };
-        let key = self.key.clone();
-        let job = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
-                crate::clock::seed(),
-            );
-            key.decrypt(&mut rng, &ciphertext)
-        });
-        job.await.map_err(|_| RsaRefused::Busy)
+        }
+        rx.await.map_err(|_| RsaRefused::Busy)
     }
 }

@@ -182,8 +182,8 @@ impl Hub {
                 cfg.private_key.clone(),
                 match s.limits.rsa_workers {
                     // Two per core: RSA threads are preempted like any
-                    // other, so the async workers keep their share, and a
-                    // thread hop per handshake does not leave cores idle.
+                    // other, so the async workers keep their share, and the
+                    // hand-off per handshake does not leave cores idle.
                     0 => 2 * std::thread::available_parallelism().map_or(2, usize::from),
                     n => n,
                 },
