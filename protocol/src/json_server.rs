@@ -5,8 +5,9 @@
 //! for a heartbeat interval the machine asks the driver for a WebSocket ping
 //! (`poll_ping`), which every browser answers by itself; a connection that
 //! stays silent through `max_heartbeat_misses` more intervals is closed, and
-//! one that does not handshake within `handshake_timeout` too. It emits the same `ServerEvent`s as `ServerConnection`, so a
-//! driver serves both with the same code.
+//! one that does not handshake within `handshake_timeout` too. It emits the
+//! same `ServerEvent`s as `ServerConnection`, so a driver serves both with
+//! the same code.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -328,14 +328,19 @@ impl ServerConnection {
         self.process_input(now);
     }
 
+    /// Waiting for the driver's answer to `DecryptRequested` or `ResumeRequested`.
+    fn awaiting_driver(&self) -> bool {
+        matches!(
+            self.state,
+            State::AwaitDecrypt { .. } | State::AwaitResume { .. }
+        )
+    }
+
     /// Decodes and handles what is buffered, unless a round trip is pending
     /// (then it waits, bounded: a client cannot make us hold more than one
     /// packet's worth while we decrypt or look its session up).
     fn process_input(&mut self, now: Instant) {
-        if matches!(
-            self.state,
-            State::AwaitDecrypt { .. } | State::AwaitResume { .. }
-        ) {
+        if self.awaiting_driver() {
             if self.inbuf.len() > self.config.max_body + crate::packet::HEADER_LEN {
                 self.inbuf.clear();
                 self.close_with(CloseReason::Protocol(ProtocolError::State(
@@ -352,10 +357,7 @@ impl ServerConnection {
                 }
                 Ok(Some(Frame::Packet(p))) => {
                     self.handle_packet(p, now);
-                    if matches!(
-                        self.state,
-                        State::AwaitDecrypt { .. } | State::AwaitResume { .. }
-                    ) {
+                    if self.awaiting_driver() {
                         break;
                     }
                 }
@@ -641,12 +643,14 @@ impl ServerConnection {
             }
         };
         if let Err(e) = result {
-            self.reply_error(
-                ErrorMessage::new(cmd, ErrorCode::DISPATCH_ERROR),
-                p.session_id,
-            );
-            self.close_with(CloseReason::Protocol(e));
+            self.fail(cmd, p.session_id, e);
         }
+    }
+
+    /// A request that broke the protocol: ERROR 100 (mpush's dispatch error), then close.
+    fn fail(&mut self, cmd: Command, request: i32, e: ProtocolError) {
+        self.reply_error(ErrorMessage::new(cmd, ErrorCode::DISPATCH_ERROR), request);
+        self.close_with(CloseReason::Protocol(e));
     }
 
     fn on_handshake(&mut self, p: &Packet, now: Instant) -> Result<(), ProtocolError> {
@@ -696,11 +700,7 @@ impl ServerConnection {
         };
         self.state = State::AwaitHandshake;
         if let Err(e) = self.after_decrypt(request, flags, result, now) {
-            self.reply_error(
-                ErrorMessage::new(Command::HANDSHAKE, ErrorCode::DISPATCH_ERROR),
-                request,
-            );
-            self.close_with(CloseReason::Protocol(e));
+            self.fail(Command::HANDSHAKE, request, e);
         }
         self.process_input(now);
     }
@@ -844,7 +844,7 @@ impl ServerConnection {
         self.resume_seen = true;
         let fc = FastConnect::from_bytes(&p.body)?;
         if fc.session_id.is_empty()
-            || fc.session_id.len() > 64
+            || fc.session_id.len() > crate::session::limits::SESSION_ID
             || fc.device_id.len() > crate::session::limits::DEVICE_ID
             || (self.config.require_v2 && fc.proof.is_none())
         {

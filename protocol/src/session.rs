@@ -75,18 +75,24 @@ pub mod limits {
     /// The bind token (`data`): room for a JWT with a few claims.
     pub const BIND_TOKEN: usize = 4096;
 
+    /// A fast-connect session id (ours are 32 hex characters).
+    pub const SESSION_ID: usize = 64;
+
     /// Checks a BIND's fields; the error names the field that is too long.
     pub fn check_bind(user_id: &str, tags: &str, token: &str) -> Result<(), &'static str> {
-        for (v, max, name) in [
+        check(&[
             (user_id, USER_ID, "userId"),
             (tags, TAGS, "tags"),
             (token, BIND_TOKEN, "data"),
-        ] {
-            if v.len() > max {
-                return Err(name);
-            }
+        ])
+    }
+
+    /// The name of the first `(value, max, name)` whose value is too long.
+    pub(crate) fn check(fields: &[(&str, usize, &'static str)]) -> Result<(), &'static str> {
+        match fields.iter().find(|(v, max, _)| v.len() > *max) {
+            Some((_, _, name)) => Err(name),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -102,7 +108,7 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// Checks the lengths against [`limits`]; the error names the field.
     pub fn check_limits(&self) -> Result<(), &'static str> {
-        for (v, max, name) in [
+        limits::check(&[
             (&self.device_id, limits::DEVICE_ID, "deviceId"),
             (&self.os_name, limits::OS_NAME, "osName"),
             (&self.os_version, limits::OS_VERSION, "osVersion"),
@@ -111,12 +117,7 @@ impl DeviceInfo {
                 limits::CLIENT_VERSION,
                 "clientVersion",
             ),
-        ] {
-            if v.len() > max {
-                return Err(name);
-            }
-        }
-        Ok(())
+        ])
     }
 
     /// mpush's client type from the OS name: 1 mobile, 2 pc, 3 web, -1 unknown.

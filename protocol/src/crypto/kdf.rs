@@ -52,15 +52,47 @@ pub fn v2_session_keys(
     (AesKey(traffic), ResumeKey(resume))
 }
 
-/// The traffic key of a v2 connection opened by fast connect.
-pub fn connection_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> AesKey {
+/// HKDF over the resume key, salted with both nonces of one resume.
+fn from_resume(
+    resume: &ResumeKey,
+    client_nonce: &[u8],
+    server_nonce: &[u8],
+    info: &[u8],
+    out: &mut [u8],
+) {
     let mut salt = Vec::with_capacity(client_nonce.len() + server_nonce.len());
     salt.extend_from_slice(client_nonce);
     salt.extend_from_slice(server_nonce);
     let hk = Hkdf::<Sha256>::new(Some(&salt), &resume.0);
+    // Both outputs are far below HKDF's length limit.
+    let _ = hk.expand(info, out);
+}
+
+/// The traffic key of a v2 connection opened by fast connect.
+pub fn connection_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> AesKey {
     let mut traffic = [0u8; AES_KEY_LEN];
-    let _ = hk.expand(b"mpush-v2 traffic", &mut traffic);
+    from_resume(
+        resume,
+        client_nonce,
+        server_nonce,
+        b"mpush-v2 traffic",
+        &mut traffic,
+    );
     AesKey(traffic)
+}
+
+/// The resume key of the session that replaces a resumed one (tickets are
+/// single-use): bound to both nonces of the resume that issued it.
+pub fn next_resume_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> ResumeKey {
+    let mut next = [0u8; RESUME_KEY_LEN];
+    from_resume(
+        resume,
+        client_nonce,
+        server_nonce,
+        b"mpush-v2 next resume",
+        &mut next,
+    );
+    ResumeKey(next)
 }
 
 fn mac(key: &ResumeKey, parts: &[&[u8]]) -> Vec<u8> {
@@ -74,19 +106,6 @@ fn mac(key: &ResumeKey, parts: &[&[u8]]) -> Vec<u8> {
 }
 
 /// The client's fast-connect proof.
-/// The resume key of the session that replaces a resumed one (tickets are
-/// single-use): bound to both nonces of the resume that issued it.
-pub fn next_resume_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> ResumeKey {
-    let mut salt = Vec::with_capacity(client_nonce.len() + server_nonce.len());
-    salt.extend_from_slice(client_nonce);
-    salt.extend_from_slice(server_nonce);
-    let hk = Hkdf::<Sha256>::new(Some(&salt), &resume.0);
-    let mut out = [0u8; RESUME_KEY_LEN];
-    hk.expand(b"mpush-v2 next resume", &mut out)
-        .expect("HKDF length");
-    ResumeKey(out)
-}
-
 pub fn resume_proof(key: &ResumeKey, session_id: &str, device_id: &str, nonce: &[u8]) -> Vec<u8> {
     mac(
         key,
