@@ -153,7 +153,6 @@ async fn start_server(bin: &Path, cluster: Option<(&Redis, &str)>) -> Result<Ser
     // Every load worker is one loopback address holding up to 19,000 clients,
     // all connecting at once: lift the per-address caps meant for the internet.
     .env("MPUSH__LIMITS__MAX_CONNECTIONS_PER_IP", "1000000")
-    .env("MPUSH__LIMITS__RSA_PER_IP", "10000000")
     .env("MPUSH__LIMITS__RSA_QUEUE", "1000000")
     .env("MPUSH__DELIVERY__PUSH_RATE", "100000000")
     .env("MPUSH__DELIVERY__BROADCAST_RATE", "100000000")

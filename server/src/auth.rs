@@ -70,46 +70,44 @@ impl BindAuth {
         } else {
             None
         };
-        let jwt = match (s.jwt_secret.as_str(), public) {
+        let key = match (s.jwt_secret.as_str(), public) {
             ("", None) => None,
             (secret, None) => {
                 if secret.len() < 32 {
                     return Err("jwt_secret needs 32 characters or more".into());
                 }
-                Some(Jwt {
-                    key: DecodingKey::from_secret(secret.as_bytes())
-                        .map_err(|e| format!("jwt_secret: {e}"))?,
-                    validation: Validation::new(Algorithm::HS256),
-                })
+                let key = DecodingKey::from_secret(secret.as_bytes())
+                    .map_err(|e| format!("jwt_secret: {e}"))?;
+                Some((key, Algorithm::HS256))
             }
-            ("", Some(pem)) => {
-                // An SPKI PEM does not name its algorithm in the armour.
-                let (key, alg) = match DecodingKey::from_ec_pem(pem.as_bytes()) {
-                    Ok(k) => (Ok(k), Algorithm::ES256),
-                    Err(_) => (DecodingKey::from_rsa_pem(pem.as_bytes()), Algorithm::RS256),
-                };
-                let key = key.map_err(|e| format!("jwt_public_key: {e}"))?;
-                Some(Jwt {
-                    key,
-                    validation: Validation::new(alg),
-                })
-            }
+            // An SPKI PEM does not name its algorithm in the armour.
+            ("", Some(pem)) => Some(match DecodingKey::from_ec_pem(pem.as_bytes()) {
+                Ok(k) => (k, Algorithm::ES256),
+                Err(_) => (
+                    DecodingKey::from_rsa_pem(pem.as_bytes())
+                        .map_err(|e| format!("jwt_public_key: {e}"))?,
+                    Algorithm::RS256,
+                ),
+            }),
             (_, Some(_)) => {
                 return Err("give jwt_secret or jwt_public_key, not both".into());
             }
         };
-        let jwt = jwt.map(|mut j| {
-            j.validation.leeway = 30;
-            j.validation.set_required_spec_claims(&["exp", "sub"]);
+        // The algorithm is pinned by the configuration: `none` and algorithm
+        // confusion fail.
+        let jwt = key.map(|(key, alg)| {
+            let mut validation = Validation::new(alg);
+            validation.leeway = 30;
+            validation.set_required_spec_claims(&["exp", "sub"]);
             if !s.jwt_issuer.is_empty() {
-                j.validation.set_issuer(&[&s.jwt_issuer]);
+                validation.set_issuer(&[&s.jwt_issuer]);
             }
             if s.jwt_audience.is_empty() {
-                j.validation.validate_aud = false;
+                validation.validate_aud = false;
             } else {
-                j.validation.set_audience(&[&s.jwt_audience]);
+                validation.set_audience(&[&s.jwt_audience]);
             }
-            j
+            Jwt { key, validation }
         });
         Ok(Self {
             hmac_secret: s.bind_secret.clone(),

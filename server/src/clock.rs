@@ -16,6 +16,11 @@ pub fn seed() -> [u8; 32] {
     s
 }
 
+/// A cryptographically secure RNG, freshly seeded from the OS.
+pub fn rng() -> mpush_protocol::crypto::Rng {
+    rand_core::SeedableRng::from_seed(seed())
+}
+
 /// A random lowercase hex id of `n` bytes.
 pub fn random_hex(n: usize) -> String {
     let mut b = vec![0u8; n];

@@ -115,7 +115,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// Largest packet body on the wire (mpush: 10240).
     pub max_packet_size: usize,
-    /// Full handshakes per second per client IP (burst of the same size).
+    /// New connections per second per client IP (burst of the same size):
+    /// also the address's RSA budget, since a connection gets one handshake.
     pub handshakes_per_ip: u32,
     /// Commands queued for one connection before it counts as a slow consumer.
     pub outbound_queue: usize,
@@ -129,11 +130,10 @@ pub struct Limits {
     pub max_connections_per_ip: usize,
     /// A connection that has not completed its handshake by then is closed.
     pub handshake_timeout_ms: u64,
-    /// Threads doing RSA handshakes at once (0: two per core), handshakes
-    /// waiting for one at most, and RSA handshakes per second per client IP.
+    /// Threads doing RSA handshakes at once (0: two per core) and handshakes
+    /// waiting for one at most (more are refused).
     pub rsa_workers: usize,
     pub rsa_queue: usize,
-    pub rsa_per_ip: u32,
     /// TCP keepalive idle time on accepted sockets (0: off).
     pub tcp_keepalive_secs: u64,
     /// HTTP API: time to send a request's headers, idle time between
@@ -166,7 +166,6 @@ impl Default for Limits {
             handshake_timeout_ms: 10_000,
             rsa_workers: 0,
             rsa_queue: 512,
-            rsa_per_ip: 100,
             tcp_keepalive_secs: 60,
             http_header_timeout_ms: 10_000,
             http_idle_timeout_ms: 60_000,
@@ -405,6 +404,7 @@ impl Settings {
             ));
         }
         let c = &self.cluster;
+        let mut internal = None;
         if !c.redis.is_empty() {
             if !crate::cluster::redis_conn::valid_url(&c.redis) {
                 return Err(invalid(
@@ -412,7 +412,7 @@ impl Settings {
                     "must be redis://host:port/db, rediss://..., redis+sentinel://host:port,.../master or redis+cluster://host:port,.../",
                 ));
             }
-            addr("cluster.internal", &c.internal)?;
+            internal = Some(addr("cluster.internal", &c.internal)?);
             if c.route_refresh_secs == 0 || c.route_refresh_secs >= c.route_ttl_secs {
                 return Err(invalid(
                     "cluster.route_refresh_secs",
@@ -429,7 +429,6 @@ impl Settings {
         if l.max_connections_per_ip == 0
             || l.handshake_timeout_ms < 1000
             || l.rsa_queue == 0
-            || l.rsa_per_ip == 0
             || l.http_max_connections == 0
             || l.http_header_timeout_ms < 100
             || l.http_idle_timeout_ms < 100
@@ -499,13 +498,13 @@ impl Settings {
         if exposed(&http) && s.api_tokens.is_empty() && !s.anonymous_api_on_loopback {
             missing.push("security.api_tokens, or security.anonymous_api_on_loopback = true");
         }
-        if !c.redis.is_empty() {
-            let internal = addr("cluster.internal", &c.internal)?;
-            if exposed(&internal) && c.secret.is_empty() && !c.allow_unauthenticated_peers {
-                missing.push(
-                    "cluster.secret (the node port is reachable from other hosts), or cluster.allow_unauthenticated_peers = true",
-                );
-            }
+        if internal.as_ref().is_some_and(exposed)
+            && c.secret.is_empty()
+            && !c.allow_unauthenticated_peers
+        {
+            missing.push(
+                "cluster.secret (the node port is reachable from other hosts), or cluster.allow_unauthenticated_peers = true",
+            );
         }
         if !missing.is_empty() {
             return Err(invalid(

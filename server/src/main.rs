@@ -87,25 +87,8 @@ async fn main() -> anyhow::Result<()> {
             key,
             alg,
         }) => {
-            let key = match key {
-                Some(f) => {
-                    let pem = std::fs::read_to_string(&f)
-                        .with_context(|| format!("reading {}", f.display()))?;
-                    match alg.as_str() {
-                        "RS256" => mpush_server::auth::MintKey::RsaPem(pem),
-                        "ES256" => mpush_server::auth::MintKey::EcPem(pem),
-                        other => anyhow::bail!("--alg {other}: RS256 or ES256"),
-                    }
-                }
-                None if !settings.security.jwt_secret.is_empty() => {
-                    mpush_server::auth::MintKey::Secret(settings.security.jwt_secret.clone())
-                }
-                None => anyhow::bail!(
-                    "no signing key: set security.jwt_secret (or MPUSH__SECURITY__JWT_SECRET), or pass --key"
-                ),
-            };
-            let ttl = parse_ttl(&ttl)?;
-            let t = mpush_server::auth::mint_jwt(&key, &user, ttl, client_type, tags)
+            let key = mint_key(&settings, key.as_deref(), &alg)?;
+            let t = mpush_server::auth::mint_jwt(&key, &user, parse_ttl(&ttl)?, client_type, tags)
                 .map_err(|e| anyhow::anyhow!("minting: {e}"))?;
             println!("{t}");
             return Ok(());
@@ -168,22 +151,38 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The key `token` signs with: `--key` (RS256 or ES256), else the configured secret.
+fn mint_key(
+    settings: &Settings,
+    key: Option<&std::path::Path>,
+    alg: &str,
+) -> anyhow::Result<mpush_server::auth::MintKey> {
+    use mpush_server::auth::MintKey;
+    let Some(f) = key else {
+        anyhow::ensure!(
+            !settings.security.jwt_secret.is_empty(),
+            "no signing key: set security.jwt_secret (or MPUSH__SECURITY__JWT_SECRET), or pass --key"
+        );
+        return Ok(MintKey::Secret(settings.security.jwt_secret.clone()));
+    };
+    let pem = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+    match alg {
+        "RS256" => Ok(MintKey::RsaPem(pem)),
+        "ES256" => Ok(MintKey::EcPem(pem)),
+        other => anyhow::bail!("--alg {other}: RS256 or ES256"),
+    }
+}
+
 fn keygen(out: &std::path::Path, bits: usize) -> anyhow::Result<()> {
     use base64::Engine as _;
     use std::io::Write as _;
     anyhow::ensure!((2048..=4096).contains(&bits), "--bits: 2048 to 4096");
-    let mut seed = [0u8; 32];
-    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("OS random: {e}"))?;
-    let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(seed);
-    let (key, der) = mpush_protocol::crypto::RsaPrivate::generate(&mut rng, bits)?;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let body = b64.encode(&der);
-    let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
-        pem.push('\n');
-    }
-    pem.push_str("-----END PRIVATE KEY-----\n");
+    let (key, der) =
+        mpush_protocol::crypto::RsaPrivate::generate(&mut mpush_server::clock::rng(), bits)?;
+    let pem = pem::encode_config(
+        &pem::Pem::new("PRIVATE KEY", der),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    );
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -192,7 +191,7 @@ fn keygen(out: &std::path::Path, bits: usize) -> anyhow::Result<()> {
         .open(out)
         .with_context(|| format!("creating {} (it must not exist)", out.display()))?;
     f.write_all(pem.as_bytes())?;
-    let public = b64.encode(key.public().to_spki_der()?);
+    let public = base64::engine::general_purpose::STANDARD.encode(key.public().to_spki_der()?);
     println!("private key written to {} (mode 600)", out.display());
     println!(
         "server setting:  security.private_key_file = \"{}\"",

@@ -443,8 +443,9 @@ async fn a_v2_ticket_resumes_once_even_when_replayed_concurrently() {
 
 #[tokio::test]
 async fn rsa_handshakes_per_address_stay_within_their_budget() {
+    // A connection gets one handshake, so the connection rate is the RSA budget.
     let mut st = settings();
-    st.limits.rsa_per_ip = 3;
+    st.limits.handshakes_per_ip = 3;
     let server = start(st).await;
     let mut clients = Vec::new();
     for i in 0..8 {

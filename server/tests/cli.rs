@@ -20,13 +20,11 @@ fn out(c: &mut Command) -> (bool, String, String) {
 }
 
 fn pem(label: &str, b64: &str) -> String {
-    let mut s = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        s.push_str(std::str::from_utf8(line).expect("ascii"));
-        s.push('\n');
-    }
-    s.push_str(&format!("-----END {label}-----\n"));
-    s
+    use base64::Engine as _;
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64");
+    pem::encode(&pem::Pem::new(label, der))
 }
 
 #[test]

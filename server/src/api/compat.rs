@@ -13,10 +13,7 @@ use bytes::Bytes;
 use mpush_protocol::session::AckMode;
 use serde_json::{Value, json};
 
-use super::{
-    ApiError, ApiState, check_content, check_topic, check_trace_id, check_user, draining,
-    start_topic_push,
-};
+use super::{ApiError, ApiState, MessageBody, check_topic, check_user, draining, start_topic_push};
 use crate::push::MessageSpec;
 use crate::store::TraceState;
 
@@ -84,41 +81,32 @@ pub async fn exec(
             "method={method} changes state: use POST (GET needs a bearer token)"
         )));
     }
-    check_trace_id(p.get("traceId").map(String::as_str))?;
     let need = |k: &str| {
         p.get(k)
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ApiError::bad_request(format!("`{k}` is required for method={method}")))
     };
+    // mpush's parameters as the JSON API's body: one validation for both.
     let spec = |p: &HashMap<String, String>| -> Result<MessageSpec, ApiError> {
         let body = p
             .get("msgbody")
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ApiError::bad_request("`msgbody` is required"))?;
-        check_content(&s.hub, body.as_bytes())?;
-        let max_ttl = s.hub.cfg.settings.delivery.max_ttl_secs;
-        let ttl_secs = match p.get("ttl").filter(|t| !t.is_empty()) {
-            None => 0,
-            Some(t) => match t.parse::<u64>() {
-                Ok(v) if v <= max_ttl => v,
-                _ => {
-                    return Err(ApiError::bad_request(format!(
-                        "`ttl` is a number of seconds, at most {max_ttl}"
-                    )));
-                }
-            },
+        let ttl_seconds = match p.get("ttl").filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => Some(
+                t.parse::<u64>()
+                    .map_err(|_| ApiError::bad_request("`ttl` is a number of seconds"))?,
+            ),
         };
-        Ok(MessageSpec {
-            content: Bytes::copy_from_slice(body.as_bytes()),
-            ack_mode: if flag(p, "ack") {
-                AckMode::Auto
-            } else {
-                AckMode::None
-            },
-            client_type: None,
-            ttl_secs,
-            ack_timeout: None,
-        })
+        MessageBody {
+            content: Some(body.clone()),
+            ack_mode: Some(if flag(p, "ack") { "auto" } else { "none" }.into()),
+            trace_id: p.get("traceId").cloned(),
+            ttl_seconds,
+            ..MessageBody::default()
+        }
+        .spec(&s.hub)
     };
     match method {
         "push" => {

@@ -248,7 +248,6 @@ impl MessageBody {
                 ));
             }
         };
-        // Room for the envelope, padding and the AEAD tag inside one packet.
         check_content(hub, &content)?;
         let ack_mode = parse_ack_mode(self.ack_mode.as_deref())?;
         let ttl_secs = self.ttl_seconds.unwrap_or(0);
@@ -275,7 +274,7 @@ impl MessageBody {
 }
 
 /// A push no client could accept is refused, never stored.
-pub fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
+fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
     // Room for the envelope, padding and the AEAD tag inside one packet.
     let max = hub.cfg.settings.limits.max_packet_size.saturating_sub(256);
     if content.len() > max {
@@ -287,7 +286,7 @@ pub fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub fn check_trace_id(t: Option<&str>) -> Result<(), ApiError> {
+fn check_trace_id(t: Option<&str>) -> Result<(), ApiError> {
     if t.is_some_and(|t| t.len() > 128 || t.chars().any(char::is_control)) {
         return Err(ApiError::bad_request(
             "traceId is at most 128 characters, none of them control characters",

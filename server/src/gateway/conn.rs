@@ -379,14 +379,14 @@ impl<T: Transport> Driver<T> {
                 metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
             }
             ServerEvent::DecryptRequested { ciphertext } => {
-                // Off the async workers, within the address's budget, and
-                // never past the handshake deadline.
+                // Off the async workers (the address's budget is its
+                // connection rate), and never past the handshake deadline.
                 let deadline = tokio::time::Instant::from_std(
                     self.accepted + self.hub.proto.handshake_timeout,
                 );
                 // Boxed: the connection task's future stays as small as an idle
                 // connection needs; this state exists only during a handshake.
-                let job = self.hub.rsa.decrypt(self.peer.ip(), ciphertext);
+                let job = self.hub.rsa.decrypt(ciphertext);
                 let result = Box::pin(tokio::time::timeout_at(deadline, job)).await;
                 match (result, &mut self.machine) {
                     (Ok(Ok(plain)), Machine::Binary(m)) => {

@@ -1,7 +1,8 @@
-//! What one client address may cost the gateway: a rate of new connections,
-//! a number of open ones, and a budget of RSA private-key operations, which
-//! run on a bounded blocking pool so a handshake flood cannot starve the
-//! async workers that serve bound connections.
+//! What one client address may cost the gateway: a rate of new connections
+//! (which is also its RSA budget: a connection gets one handshake) and a
+//! number of open ones; and the RSA private-key operations themselves, on a
+//! few dedicated threads behind a bounded queue, so a handshake flood cannot
+//! starve the async workers that serve bound connections.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -81,10 +82,6 @@ impl PerIp {
             ip,
         })
     }
-
-    pub fn count(&self, ip: IpAddr) -> usize {
-        self.open.lock().get(&ip).copied().unwrap_or(0)
-    }
 }
 
 impl Drop for IpSlot {
@@ -101,26 +98,21 @@ impl Drop for IpSlot {
 
 /// Why a handshake's RSA work was not done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RsaRefused {
-    #[error("this address is over its handshake budget")]
-    Budget,
-    #[error("too many handshakes are waiting for the RSA workers")]
-    Busy,
-}
+#[error("too many handshakes are waiting for the RSA workers")]
+pub struct RsaBusy;
 
 /// RSA private-key operations off the async workers: `workers` long-lived
 /// threads (each keeps its own allocator arena and RNG, so a handshake
-/// storm does not grow the process by a thread per handshake), at most
-/// `queue` handshakes waiting, and each client IP within its per-second budget.
+/// storm does not grow the process by a thread per handshake) and at most
+/// `queue` handshakes waiting.
 pub struct RsaPool {
     jobs: std::sync::mpsc::SyncSender<Job>,
-    per_ip: IpRateLimit,
 }
 
 type Job = (Bytes, oneshot::Sender<Result<Vec<u8>, CryptoError>>);
 
 impl RsaPool {
-    pub fn new(key: Arc<RsaPrivate>, workers: usize, queue: usize, per_ip: u32) -> Self {
+    pub fn new(key: Arc<RsaPrivate>, workers: usize, queue: usize) -> Self {
         let (jobs, rx) = std::sync::mpsc::sync_channel::<Job>(queue.max(1));
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..workers.max(1) {
@@ -128,10 +120,7 @@ impl RsaPool {
             let spawned = std::thread::Builder::new()
                 .name(format!("mpush-rsa-{i}"))
                 .spawn(move || {
-                    let mut rng =
-                        <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
-                            crate::clock::seed(),
-                        );
+                    let mut rng = crate::clock::rng();
                     loop {
                         // Ends when the pool (the sending side) is dropped.
                         let Ok((ciphertext, reply)) = rx.lock().recv() else {
@@ -145,28 +134,19 @@ impl RsaPool {
                 tracing::error!(error = %e, "cannot start an RSA worker thread");
             }
         }
-        Self {
-            jobs,
-            per_ip: IpRateLimit::new(per_ip),
-        }
+        Self { jobs }
     }
 
-    /// Decrypts a handshake for `ip`; refused over budget or when the queue is full.
+    /// Decrypts a handshake; refused when the queue is full.
     pub async fn decrypt(
         &self,
-        ip: IpAddr,
         ciphertext: Bytes,
-    ) -> Result<Result<Vec<u8>, CryptoError>, RsaRefused> {
-        if !self.per_ip.allow(ip) {
-            metrics::counter!("mpush_handshakes_refused_total", "reason" => "ip_budget")
-                .increment(1);
-            return Err(RsaRefused::Budget);
-        }
+    ) -> Result<Result<Vec<u8>, CryptoError>, RsaBusy> {
         let (reply, rx) = oneshot::channel();
         if self.jobs.try_send((ciphertext, reply)).is_err() {
             metrics::counter!("mpush_handshakes_refused_total", "reason" => "busy").increment(1);
-            return Err(RsaRefused::Busy);
+            return Err(RsaBusy);
         }
-        rx.await.map_err(|_| RsaRefused::Busy)
+        rx.await.map_err(|_| RsaBusy)
     }
 }

@@ -90,7 +90,7 @@ pub async fn accept_loop(
 
 /// No Nagle delay; TCP keepalive so a peer that vanished without a FIN (a
 /// phone that lost its network) is found even while the protocol is idle.
-pub fn tune(stream: &TcpStream, keepalive_secs: u64) {
+fn tune(stream: &TcpStream, keepalive_secs: u64) {
     let _ = stream.set_nodelay(true);
     if keepalive_secs > 0 {
         let idle = Duration::from_secs(keepalive_secs);

@@ -188,7 +188,6 @@ impl Hub {
                     n => n,
                 },
                 s.limits.rsa_queue,
-                s.limits.rsa_per_ip,
             ),
             cfg,
         })

@@ -2,6 +2,8 @@
 //! rules the Redis implementations apply.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 
 use async_trait::async_trait;
 use mpush_protocol::session::SessionRecord;
@@ -74,10 +76,11 @@ impl SessionStore for MemorySessions {
         let mut g = self.inner.lock();
         let m = &mut *g;
         let size = session_bytes(&record);
-        if let Some(old) = m.map.insert(record.session_id.clone(), record.clone()) {
+        let id = record.session_id.clone();
+        if let Some(old) = m.map.insert(id.clone(), record) {
             m.bytes -= session_bytes(&old);
         } else {
-            m.order.push_back(record.session_id.clone());
+            m.order.push_back(id);
         }
         m.bytes += size;
         // Every session lives as long: the oldest expire first.
@@ -156,7 +159,7 @@ pub struct MemoryTraces {
     /// Creation order, for expiry.
     order: Mutex<VecDeque<(i64, String)>>,
     max_bytes: usize,
-    bytes: std::sync::atomic::AtomicUsize,
+    bytes: AtomicUsize,
 }
 
 impl MemoryTraces {
@@ -167,19 +170,18 @@ impl MemoryTraces {
             map: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
             max_bytes,
-            bytes: std::sync::atomic::AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
         }
     }
 
     /// Bytes held by traces, roughly.
     pub fn bytes(&self) -> usize {
-        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+        self.bytes.load(Relaxed)
     }
 
     fn forget(&self, map: &mut HashMap<String, TraceEntry>, id: &str) {
         if let Some(e) = map.remove(id) {
-            self.bytes
-                .fetch_sub(e.size, std::sync::atomic::Ordering::Relaxed);
+            self.bytes.fetch_sub(e.size, Relaxed);
         }
     }
 
@@ -238,13 +240,13 @@ impl MemoryTraces {
                     r.device_id = e.device_id.to_owned();
                     r.client_type = e.client_type;
                 }
-                let mut added = 0;
-                if r.history.len() >= MAX_HISTORY {
-                    // Keep how it started and how it is going.
-                    r.history.remove(MAX_HISTORY / 2);
+                // Keep how it started and how it is going.
+                let dropped = if r.history.len() >= MAX_HISTORY {
+                    event_bytes(r.history.remove(MAX_HISTORY / 2).2.as_ref())
                 } else {
-                    added = event_bytes(e.detail.as_ref());
-                }
+                    0
+                };
+                let added = event_bytes(e.detail.as_ref()).saturating_sub(dropped);
                 r.history.push((e.state, e.at_ms, e.detail.clone()));
                 if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
                     r.state = e.state;
@@ -291,8 +293,7 @@ impl TraceStore for MemoryTraces {
                 index: HashMap::new(),
                 size,
             });
-            self.bytes
-                .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+            self.bytes.fetch_add(size, Relaxed);
         }
         let mut order = self.order.lock();
         order.push_back((expires_at_ms, trace_id.to_owned()));
@@ -308,8 +309,7 @@ impl TraceStore for MemoryTraces {
     async fn record(&self, e: TraceEvent<'_>) {
         let added = self.record_locked(e);
         if added > 0 {
-            self.bytes
-                .fetch_add(added, std::sync::atomic::Ordering::Relaxed);
+            self.bytes.fetch_add(added, Relaxed);
             self.shrink();
         }
     }

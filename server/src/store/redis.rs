@@ -65,12 +65,11 @@ impl SessionSealer {
     }
 
     pub fn seal(&self, session_id: &str, value: &str) -> String {
-        let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::from_seed(
-            crate::clock::seed(),
+        let sealed = self.cipher.seal(
+            &mut crate::clock::rng(),
+            session_id.as_bytes(),
+            value.as_bytes(),
         );
-        let sealed = self
-            .cipher
-            .seal(&mut rng, session_id.as_bytes(), value.as_bytes());
         format!("{SEALED}{}", b64(&sealed))
     }
 
