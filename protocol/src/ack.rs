@@ -39,7 +39,7 @@ impl RetryPolicy {
         }
     }
 
-    fn wait_after(&self, attempt: u32) -> Duration {
+    pub(crate) fn wait_after(&self, attempt: u32) -> Duration {
         let i = (attempt as usize).min(self.waits.len().saturating_sub(1));
         self.waits.get(i).copied().unwrap_or(Duration::from_secs(2))
     }

@@ -33,8 +33,8 @@ pub struct JsonServerConnection {
     user: Option<String>,
     closed: bool,
     next_push_id: i32,
-    /// Pending pushes; a retry resends the rendered frame.
-    pending: PendingPushes<String>,
+    /// Pending pushes; a retry renders the frame again.
+    pending: PendingPushes,
     liveness: Liveness,
     ping: bool,
 }
@@ -52,7 +52,7 @@ impl JsonServerConnection {
     /// A connection accepted at `accepted` (the handshake deadline runs from then).
     pub fn new(config: Arc<ServerConfig>, accepted: Instant) -> Self {
         Self {
-            pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
+            pending: PendingPushes::new(config.max_inflight),
             liveness: Liveness::new(
                 accepted,
                 config.handshake_timeout,
@@ -137,9 +137,9 @@ impl JsonServerConnection {
             }
             Command::ACK => {
                 if let Some(id) = self.pending.message_for_packet(p.session_id)
-                    && self.pending.ack(id)
+                    && let Some(push) = self.pending.ack(id)
                 {
-                    self.events.push_back(ServerEvent::Acked { message_id: id });
+                    self.events.push_back(ServerEvent::Acked { push });
                 }
             }
             other => {
@@ -170,8 +170,12 @@ impl JsonServerConnection {
             Check::Missed => self.ping = true,
             Check::Alive => {}
         }
-        for (_, text) in self.pending.expire(now, &mut self.events) {
-            self.out.push_back(text);
+        let resend = self
+            .pending
+            .expire(now, &self.config.ack_retry, &mut self.events);
+        for (id, push) in resend {
+            self.out
+                .push_back(json::push(id, &push.content, push.ack_mode.flags()).to_text());
         }
     }
 
@@ -246,12 +250,11 @@ impl JsonServerConnection {
         } else {
             id + 1
         };
-        let text = json::push(id, &push.content, push.ack_mode.flags()).to_text();
+        self.out
+            .push_back(json::push(id, &push.content, push.ack_mode.flags()).to_text());
         if tracked {
-            self.pending
-                .track(push.message_id, id, text.clone(), now, push.ack_timeout);
+            self.pending.track(push, id, now, &self.config.ack_retry);
         }
-        self.out.push_back(text);
         Ok(id)
     }
 
@@ -404,7 +407,7 @@ mod tests {
             .push(
                 OutboundPush {
                     message_id: 9,
-                    trace_id: String::new(),
+                    trace_id: "".into(),
                     content: Bytes::from_static(b"hi"),
                     ack_mode: AckMode::Auto,
                     expires_at_ms: 0,
@@ -418,7 +421,9 @@ mod tests {
             &format!(r#"{{"cmd":23,"flags":16,"sessionId":{id},"body":null}}"#),
             now,
         );
-        assert_eq!(c.poll_event(), Some(ServerEvent::Acked { message_id: 9 }));
+        assert!(
+            matches!(c.poll_event(), Some(ServerEvent::Acked { push }) if push.message_id == 9)
+        );
         assert_eq!(c.inflight(), 0);
     }
 

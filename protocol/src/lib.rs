@@ -13,6 +13,7 @@ pub mod crypto;
 pub mod error;
 pub mod json_server;
 mod liveness;
+pub mod machine;
 pub mod message;
 pub mod packet;
 mod pending;

@@ -1,28 +1,34 @@
-//! Pushes awaiting their ACK on one server connection: retry deadlines, what
-//! to resend, and the packet id → message id map that legacy ACKs need. Shared
-//! by the binary and the JSON server machines.
+//! Pushes awaiting their ACK on one server connection. Each is one record:
+//! the push itself (what a retry re-encodes, what the driver gets back when
+//! it settles), its packet id (legacy ACKs name it) and its retry deadline.
+//! Shared by the binary and the JSON server machines.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
 
 use web_time::Instant;
 
-use crate::ack::{AckTracker, Expiry, RetryPolicy};
-use crate::server::{PushError, ServerEvent};
+use crate::ack::RetryPolicy;
+use crate::server::{OutboundPush, PushError, ServerEvent};
 
-/// The pushes of one connection that wait for an ACK; `P` is what a retry resends.
 #[derive(Debug)]
-pub(crate) struct PendingPushes<P> {
-    acks: AckTracker<u64>,
+struct InFlight {
+    push: OutboundPush,
+    packet_id: i32,
+    attempt: u32,
+    deadline: Instant,
+}
+
+/// The pushes of one connection that wait for an ACK.
+#[derive(Debug, Default)]
+pub(crate) struct PendingPushes {
     max: usize,
-    sent: HashMap<u64, (i32, P)>,
+    sent: HashMap<u64, InFlight>,
     by_packet: HashMap<i32, u64>,
 }
 
-impl<P: Clone> PendingPushes<P> {
-    pub fn new(policy: RetryPolicy, max: usize) -> Self {
+impl PendingPushes {
+    pub fn new(max: usize) -> Self {
         Self {
-            acks: AckTracker::new(policy),
             max,
             sent: HashMap::new(),
             by_packet: HashMap::new(),
@@ -30,35 +36,36 @@ impl<P: Clone> PendingPushes<P> {
     }
 
     pub fn len(&self) -> usize {
-        self.acks.len()
+        self.sent.len()
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.acks.next_deadline()
+        self.sent.values().map(|e| e.deadline).min()
     }
 
     /// Whether one more tracked push may go out now.
     pub fn admit(&self, message_id: u64) -> Result<(), PushError> {
-        if self.acks.contains(&message_id) {
+        if self.sent.contains_key(&message_id) {
             return Err(PushError::Duplicate(message_id));
         }
-        if self.acks.len() >= self.max {
+        if self.sent.len() >= self.max {
             return Err(PushError::Busy);
         }
         Ok(())
     }
 
-    pub fn track(
-        &mut self,
-        message_id: u64,
-        packet_id: i32,
-        resend: P,
-        now: Instant,
-        wait: Option<Duration>,
-    ) {
-        self.acks.insert_with_wait(message_id, now, wait);
-        self.by_packet.insert(packet_id, message_id);
-        self.sent.insert(message_id, (packet_id, resend));
+    pub fn track(&mut self, push: OutboundPush, packet_id: i32, now: Instant, policy: &RetryPolicy) {
+        let deadline = now + push.ack_timeout.unwrap_or_else(|| policy.wait_after(0));
+        self.by_packet.insert(packet_id, push.message_id);
+        self.sent.insert(
+            push.message_id,
+            InFlight {
+                push,
+                packet_id,
+                attempt: 0,
+                deadline,
+            },
+        );
     }
 
     /// The message a legacy ACK (by packet id) confirms.
@@ -66,52 +73,73 @@ impl<P: Clone> PendingPushes<P> {
         self.by_packet.get(&packet_id).copied()
     }
 
-    /// Confirms a message; true if it was pending.
-    pub fn ack(&mut self, message_id: u64) -> bool {
-        if !self.acks.ack(&message_id) {
-            return false;
-        }
-        self.forget(message_id);
-        true
+    /// Confirms a message: its record, if it was pending.
+    pub fn ack(&mut self, message_id: u64) -> Option<OutboundPush> {
+        let e = self.sent.remove(&message_id)?;
+        self.by_packet.remove(&e.packet_id);
+        self.shrink();
+        Some(e.push)
     }
 
     /// Handles the deadlines that passed: reports `PushRetried` and
-    /// `PushTimedOut` in `events`, and returns (packet id, payload) of every
+    /// `PushTimedOut` in `events`, and returns (packet id, push) of every
     /// push the caller must send again.
-    pub fn expire(&mut self, now: Instant, events: &mut VecDeque<ServerEvent>) -> Vec<(i32, P)> {
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        policy: &RetryPolicy,
+        events: &mut VecDeque<ServerEvent>,
+    ) -> Vec<(i32, OutboundPush)> {
         let mut resend = Vec::new();
-        for (id, expiry) in self.acks.expire(now) {
-            match expiry {
-                Expiry::Retry { attempt } => {
-                    if let Some(p) = self.sent.get(&id) {
-                        resend.push(p.clone());
-                        events.push_back(ServerEvent::PushRetried {
-                            message_id: id,
-                            attempt,
-                        });
-                    }
-                }
-                Expiry::GaveUp => {
-                    self.forget(id);
-                    events.push_back(ServerEvent::PushTimedOut { message_id: id });
-                }
+        let mut gave_up = Vec::new();
+        for (id, e) in &mut self.sent {
+            if e.deadline > now {
+                continue;
+            }
+            if e.attempt < policy.retries {
+                e.attempt += 1;
+                e.deadline = now
+                    + e.push
+                        .ack_timeout
+                        .unwrap_or_else(|| policy.wait_after(e.attempt));
+                resend.push((e.packet_id, e.push.clone()));
+                events.push_back(ServerEvent::PushRetried {
+                    message_id: *id,
+                    trace_id: e.push.trace_id.clone(),
+                    attempt: e.attempt,
+                });
+            } else {
+                gave_up.push(*id);
             }
         }
+        gave_up.sort_unstable();
+        for id in gave_up {
+            if let Some(e) = self.sent.remove(&id) {
+                self.by_packet.remove(&e.packet_id);
+                events.push_back(ServerEvent::PushTimedOut { push: e.push });
+            }
+        }
+        self.shrink();
         resend
     }
 
-    /// Every pending message id, in order; nothing is pending afterwards.
-    pub fn drain(&mut self) -> Vec<u64> {
-        let mut ids = self.acks.drain();
-        ids.sort_unstable();
-        self.sent.clear();
-        self.by_packet.clear();
-        ids
+    /// Every pending push, in message id order; nothing is pending afterwards.
+    pub fn drain(&mut self) -> Vec<OutboundPush> {
+        let mut all: Vec<OutboundPush> = std::mem::take(&mut self.sent)
+            .into_values()
+            .map(|e| e.push)
+            .collect();
+        all.sort_unstable_by_key(|p| p.message_id);
+        self.by_packet = HashMap::new();
+        all
     }
 
-    fn forget(&mut self, id: u64) {
-        if let Some((packet_id, _)) = self.sent.remove(&id) {
-            self.by_packet.remove(&packet_id);
+    /// An idle connection holds no table memory.
+    fn shrink(&mut self) {
+        if self.sent.is_empty() && self.sent.capacity() > 0 {
+            self.sent = HashMap::new();
+            self.by_packet = HashMap::new();
         }
     }
 }
+

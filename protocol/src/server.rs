@@ -101,7 +101,8 @@ impl ServerConfig {
 pub struct OutboundPush {
     /// The driver's id for this message to this device; events name it.
     pub message_id: u64,
-    pub trace_id: String,
+    /// Shared by every recipient of one message (a broadcast's thousands).
+    pub trace_id: Arc<str>,
     pub content: Bytes,
     pub ack_mode: AckMode,
     /// Unix milliseconds after which the client drops it; 0 = never (v2 only).
@@ -189,16 +190,21 @@ pub enum ServerEvent {
     },
     /// HTTP proxy request; answer with `http_response`.
     HttpProxy { request: i32, http: HttpRequest },
-    /// The client confirmed a push.
-    Acked { message_id: u64 },
+    /// The client confirmed a push: its record comes back, settled.
+    Acked { push: OutboundPush },
     /// A push was sent again after its ACK did not come.
-    PushRetried { message_id: u64, attempt: u32 },
-    /// A push got no ACK after every retry.
-    PushTimedOut { message_id: u64 },
-    /// The connection is over; `unacked` pushes never got their ACK.
+    PushRetried {
+        message_id: u64,
+        trace_id: Arc<str>,
+        attempt: u32,
+    },
+    /// A push got no ACK after every retry: its record comes back.
+    PushTimedOut { push: OutboundPush },
+    /// The connection is over; `unacked` pushes never got their ACK (their
+    /// records, in message id order).
     Closed {
         reason: CloseReason,
-        unacked: Vec<u64>,
+        unacked: Vec<OutboundPush>,
     },
 }
 
@@ -236,7 +242,7 @@ pub struct ServerConnection {
     liveness: Liveness,
     clock_base: (Instant, i64),
     next_push_id: i32,
-    pending: PendingPushes<(Flags, Bytes)>,
+    pending: PendingPushes,
     /// A connection gets one full handshake and one fast connect attempt.
     handshake_seen: bool,
     resume_seen: bool,
@@ -261,7 +267,7 @@ impl ServerConnection {
         Self {
             decoder: Decoder::new(config.max_body),
             sealer: Sealer::new(Side::Server, config.compress_over, config.max_inflated),
-            pending: PendingPushes::new(config.ack_retry.clone(), config.max_inflight),
+            pending: PendingPushes::new(config.max_inflight),
             rng: Rng::from_seed(seed),
             inbuf: BytesMut::new(),
             out: BytesMut::new(),
@@ -380,8 +386,11 @@ impl ServerConnection {
             Check::Dead => return self.close_with(CloseReason::HeartbeatTimeout),
             Check::Alive | Check::Missed => {}
         }
-        for (packet_id, (flags, body)) in self.pending.expire(now, &mut self.events) {
-            self.send_sealed(Command::PUSH, packet_id, flags, &body);
+        let resend = self
+            .pending
+            .expire(now, &self.config.ack_retry, &mut self.events);
+        for (packet_id, push) in resend {
+            self.send_push(&push, packet_id);
         }
     }
 
@@ -569,29 +578,33 @@ impl ServerConnection {
             self.pending.admit(push.message_id)?;
         }
         let packet_id = self.next_push_id();
-        let flags = push.ack_mode.flags();
-        let body: Bytes = match self.profile {
-            Profile::Legacy => push.content,
-            Profile::V2 => prost::Message::encode_to_vec(&v2::PushEnvelope {
-                message_id: push.message_id,
-                trace_id: push.trace_id,
-                content: push.content.to_vec(),
-                ack_mode: push.ack_mode.to_v2(),
-                expires_at_ms: push.expires_at_ms,
-            })
-            .into(),
-        };
-        self.send_sealed(Command::PUSH, packet_id, flags, &body);
+        self.send_push(&push, packet_id);
         if tracked {
-            self.pending.track(
-                push.message_id,
-                packet_id,
-                (flags, body),
-                now,
-                push.ack_timeout,
-            );
+            let policy = &self.config.ack_retry;
+            self.pending.track(push, packet_id, now, policy);
         }
         Ok(packet_id)
+    }
+
+    /// Seals one push (its first attempt or a retry: a retry is the same
+    /// packet, sealed again).
+    fn send_push(&mut self, push: &OutboundPush, packet_id: i32) {
+        let flags = push.ack_mode.flags();
+        match self.profile {
+            Profile::Legacy => {
+                self.send_sealed(Command::PUSH, packet_id, flags, &push.content);
+            }
+            Profile::V2 => {
+                let body = prost::Message::encode_to_vec(&v2::PushEnvelope {
+                    message_id: push.message_id,
+                    trace_id: push.trace_id.to_string(),
+                    content: push.content.to_vec(),
+                    ack_mode: push.ack_mode.to_v2(),
+                    expires_at_ms: push.expires_at_ms,
+                });
+                self.send_sealed(Command::PUSH, packet_id, flags, &body);
+            }
+        }
     }
 
     /// Tells the client another device took its place (mpush 0.8.1 does not
@@ -952,8 +965,8 @@ impl ServerConnection {
             ids.extend(self.pending.message_for_packet(p.session_id));
         }
         for id in ids {
-            if self.pending.ack(id) {
-                self.events.push_back(ServerEvent::Acked { message_id: id });
+            if let Some(push) = self.pending.ack(id) {
+                self.events.push_back(ServerEvent::Acked { push });
             }
         }
         Ok(())

@@ -327,7 +327,7 @@ fn v2_the_client_acks_sealed_and_is_heard() {
     assert!(
         events
             .iter()
-            .any(|e| matches!(e, ServerEvent::Acked { message_id: 77 })),
+            .any(|e| matches!(e, ServerEvent::Acked { push } if push.message_id == 77)),
         "{events:?}"
     );
     assert!(
