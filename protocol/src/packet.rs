@@ -46,6 +46,8 @@ impl Command {
     pub const REDIRECT: Self = Self(64);
     /// Cluster extension: one node asks another to deliver a push (node port only).
     pub const NODE_PUSH: Self = Self(65);
+    /// Node to node: one message for many recipients (`v2::NodePushBatch`).
+    pub const NODE_PUSH_BATCH: Self = Self(66);
     /// Java's `UNKNOWN(-1)`.
     pub const UNKNOWN: Self = Self(0xFF);
 
@@ -77,6 +79,7 @@ impl Command {
             Self::NACK => "NACK",
             Self::REDIRECT => "REDIRECT",
             Self::NODE_PUSH => "NODE_PUSH",
+            Self::NODE_PUSH_BATCH => "NODE_PUSH_BATCH",
             Self::UNKNOWN => "UNKNOWN",
             _ => return None,
         })

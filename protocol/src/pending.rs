@@ -54,7 +54,13 @@ impl PendingPushes {
         Ok(())
     }
 
-    pub fn track(&mut self, push: OutboundPush, packet_id: i32, now: Instant, policy: &RetryPolicy) {
+    pub fn track(
+        &mut self,
+        push: OutboundPush,
+        packet_id: i32,
+        now: Instant,
+        policy: &RetryPolicy,
+    ) {
         let deadline = now + push.ack_timeout.unwrap_or_else(|| policy.wait_after(0));
         self.by_packet.insert(packet_id, push.message_id);
         self.sent.insert(
@@ -142,4 +148,3 @@ impl PendingPushes {
         }
     }
 }
-

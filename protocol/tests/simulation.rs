@@ -189,11 +189,17 @@ fn push_in_each_ack_mode() {
         p.run_for(SEC);
         assert_eq!(messages(&p), vec!["hello 10", "hello 11", "hello 12"]);
         assert_eq!(
-            server_count(&p, |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 11)),
+            server_count(
+                &p,
+                |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 11)
+            ),
             1
         );
         assert_eq!(
-            server_count(&p, |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 12)),
+            server_count(
+                &p,
+                |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 12)
+            ),
             0,
             "app has not acked yet"
         );
@@ -213,7 +219,10 @@ fn push_in_each_ack_mode() {
         p.pump();
         p.run_for(SEC);
         assert_eq!(
-            server_count(&p, |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 12)),
+            server_count(
+                &p,
+                |e| matches!(e, ServerEvent::Acked { push } if push.message_id == 12)
+            ),
             1
         );
         assert_eq!(p.server.inflight(), 0);

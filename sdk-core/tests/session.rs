@@ -332,7 +332,7 @@ fn offline_pushes_and_acks_are_queued_and_flushed_in_order() {
     assert!(
         n.server_events
             .iter()
-            .any(|e| matches!(e, ServerEvent::Acked { message_id: 5 }))
+            .any(|e| matches!(e, ServerEvent::Acked { push } if push.message_id == 5))
     );
 }
 
@@ -376,7 +376,7 @@ fn messages_are_deduplicated_across_reconnects() {
     assert!(
         n.server_events
             .iter()
-            .any(|e| matches!(e, ServerEvent::Acked { message_id: 7 })),
+            .any(|e| matches!(e, ServerEvent::Acked { push } if push.message_id == 7)),
         "the repeat is re-acked"
     );
 }

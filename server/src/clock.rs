@@ -27,3 +27,13 @@ pub fn random_hex(n: usize) -> String {
     getrandom::fill(&mut b).expect("OS random number generator");
     hex::encode(b)
 }
+
+/// A uniformly random number below `n` (0 when `n` is 0).
+pub fn random_below(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("OS random number generator");
+    u64::from_le_bytes(b) % n
+}

@@ -226,8 +226,13 @@ impl Default for Delivery {
 pub struct Shutdown {
     /// How long to wait for in-flight ACKs before closing.
     pub drain_timeout_ms: u64,
-    /// Where v2 clients are told to reconnect; empty: their own server list.
+    /// Where v2 TCP clients are told to reconnect (`host:port`) when no other
+    /// cluster node is live; empty: their own server list.
     pub redirect_to: String,
+    /// The same for WebSocket clients (`ws://` or `wss://` URL).
+    pub redirect_to_ws: String,
+    /// Clients wait up to this long (plus 100 ms) before they reconnect, each
+    /// a different time, so a drained node's clients do not arrive at once.
     pub redirect_jitter_ms: u32,
 }
 
@@ -236,6 +241,7 @@ impl Default for Shutdown {
         Self {
             drain_timeout_ms: 5_000,
             redirect_to: String::new(),
+            redirect_to_ws: String::new(),
             redirect_jitter_ms: 5_000,
         }
     }
@@ -406,7 +412,7 @@ impl Settings {
         let c = &self.cluster;
         let mut internal = None;
         if !c.redis.is_empty() {
-            if !crate::cluster::redis_conn::valid_url(&c.redis) {
+            if !crate::redis_conn::valid_url(&c.redis) {
                 return Err(invalid(
                     "cluster.redis",
                     "must be redis://host:port/db, rediss://..., redis+sentinel://host:port,.../master or redis+cluster://host:port,.../",

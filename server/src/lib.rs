@@ -1,9 +1,12 @@
 //! The mpush reference server. `start` binds every listener (port 0 works, for
 //! tests) and returns the addresses; `Running::shutdown` drains and stops.
 //!
-//! Layers, as the IM design asks: `gateway` (connections; the only layer with
-//! sockets), `push` (delivery logic: traces, inbox, broadcast, topics, flow
-//! control), `store` (storage behind traits; in memory by default), `api` (HTTP).
+//! Layers, as the IM design asks, every import pointing down:
+//! `api`/`gateway` (HTTP and client connections) → `logic` (bind, auth,
+//! delivery, traces, inbox, broadcast, topics, flow control) → `route`
+//! (where a user is: this node's connections, the route table) and `cluster`
+//! (discovery, node links, pub/sub) → `store` (storage behind traits) →
+//! `redis_conn` (the Redis plumbing `store`, `route` and `cluster` share).
 
 pub mod api;
 pub mod auth;
@@ -11,11 +14,12 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod gateway;
-pub mod push;
+pub mod logic;
+pub mod redis_conn;
+pub mod route;
 pub mod store;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -25,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{Settings, Validated};
-pub use push::Hub;
+pub use logic::Hub;
 
 /// A started server.
 pub struct Running {
@@ -55,65 +59,65 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// `cluster.redis` is set.
 pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
     let cfg = Arc::new(cfg);
-    if cfg.settings.cluster.redis.is_empty() {
-        return start_with_hub(Hub::in_memory(cfg)).await;
-    }
-    let cluster = cluster::Cluster::connect(cfg.clone())
-        .await
-        .context("connecting to redis")?;
-    start_with_hub(Hub::clustered(cfg, cluster)).await
-}
-
-/// Starts listeners and the API around `hub`.
-pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
-    let cfg = hub.cfg.clone();
-    let tcp = TcpListener::bind(cfg.tcp)
-        .await
-        .with_context(|| format!("binding TCP {}", cfg.tcp))?;
-    let http = TcpListener::bind(cfg.http)
-        .await
-        .with_context(|| format!("binding HTTP {}", cfg.http))?;
+    let bind = |a: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(a)
+            .await
+            .with_context(|| format!("binding {what} {a}"))
+    };
+    let tcp = bind(cfg.tcp, "TCP").await?;
+    let http = bind(cfg.http, "HTTP").await?;
     let ws = match cfg.ws {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .with_context(|| format!("binding WebSocket {a}"))?,
-        ),
+        Some(a) => Some(bind(a, "WebSocket").await?),
         None => None,
     };
-    let tcp_addr = tcp.local_addr()?;
-    let http_addr = http.local_addr()?;
-    let ws_addr = ws.as_ref().map(TcpListener::local_addr).transpose()?;
-    let _ = hub.tcp_addr.set(tcp_addr);
-    if let Some(a) = ws_addr {
-        let _ = hub.ws_addr.set(a);
-    }
+    let listeners = logic::Listeners {
+        tcp: tcp.local_addr()?,
+        ws: ws.as_ref().map(TcpListener::local_addr).transpose()?,
+        http: http.local_addr()?,
+    };
     let mut tasks = Vec::new();
-    if let Some(cl) = hub.cluster.get() {
+    let hub = if cfg.settings.cluster.redis.is_empty() {
+        Hub::in_memory(cfg.clone(), listeners)
+    } else {
+        let cluster = cluster::Cluster::connect(cfg.clone())
+            .await
+            .context("connecting to redis")?;
         let addr = &cfg.settings.cluster.internal;
         let internal = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the node port {addr}"))?;
-        cl.set_addresses(tcp_addr, ws_addr, http_addr, internal.local_addr()?);
-        tasks.push(tokio::spawn(gateway::internal_loop(
+        cluster.set_addresses(
+            listeners.tcp,
+            listeners.ws,
+            listeners.http,
+            internal.local_addr()?,
+        );
+        let hub = Hub::clustered(cfg.clone(), cluster, listeners);
+        let c = &cfg.settings.cluster;
+        let delivery: std::sync::Weak<dyn cluster::Delivery> = Arc::downgrade(&hub) as _;
+        tasks.push(tokio::spawn(cluster::peer::serve(
             internal,
-            hub.clone(),
-            hub.shutdown.subscribe(),
+            delivery,
+            c.secret.clone(),
+            Duration::from_millis(c.timeout_ms),
+            cfg.settings.limits.max_packet_size + 1024,
+            hub.shutdown_signal(),
         )));
-        cl.spawn_loops(Arc::downgrade(&hub));
-    }
+        hub
+    };
+    let gw = gateway::Gateway::new(hub.clone());
     tasks.push(tokio::spawn(gateway::accept_loop(
         tcp,
         gateway::Kind::Tcp,
-        hub.clone(),
-        hub.shutdown.subscribe(),
+        gw.clone(),
+        hub.shutdown_signal(),
     )));
     if let Some(ws) = ws {
         tasks.push(tokio::spawn(gateway::accept_loop(
             ws,
             gateway::Kind::Ws,
-            hub.clone(),
-            hub.shutdown.subscribe(),
+            gw,
+            hub.shutdown_signal(),
         )));
     }
     let state = api::ApiState {
@@ -131,43 +135,30 @@ pub async fn start_with_hub(hub: Arc<Hub>) -> anyhow::Result<Running> {
         http,
         app,
         limits,
-        hub.shutdown.subscribe(),
+        hub.shutdown_signal(),
     )));
     Ok(Running {
-        tcp: tcp_addr,
-        ws: ws_addr,
-        http: http_addr,
+        tcp: listeners.tcp,
+        ws: listeners.ws,
+        http: listeners.http,
         hub,
         tasks,
     })
 }
 
 impl Running {
-    /// Stops accepting, tells v2 clients to reconnect elsewhere, waits for
-    /// in-flight ACKs up to the drain timeout, then closes every connection.
-    /// Un-ACKed messages with a TTL stay in the offline inbox.
+    /// Drains: the node leaves the cluster and withdraws its routes, readiness
+    /// turns 503, v2 clients are redirected (an address of their transport,
+    /// after a jittered wait), in-flight ACKs are awaited up to the drain
+    /// timeout, then every connection closes. Un-ACKed messages go to their
+    /// users' inboxes.
     pub async fn shutdown(self) {
         let hub = self.hub.clone();
-        hub.draining.store(true, Ordering::Relaxed);
-        if let Some(cl) = hub.cluster.get() {
-            // Leave first, so no one forwards here or is sent here any more;
-            // v2 clients are sent to the least loaded other node.
-            cl.deregister().await;
-            if hub.cfg.settings.shutdown.redirect_to.is_empty()
-                && let Some(n) = cl
-                    .live_nodes()
-                    .await
-                    .into_iter()
-                    .find(|n| n.id != cl.node_id)
-            {
-                let _ = hub.redirect_to.set(n.tcp);
-            }
-        }
-        let _ = hub.shutdown.send(true);
-        let limit = Duration::from_millis(hub.cfg.settings.shutdown.drain_timeout_ms)
+        hub.start_drain().await;
+        let limit = Duration::from_millis(hub.cfg().settings.shutdown.drain_timeout_ms)
             + Duration::from_secs(2);
         let t0 = tokio::time::Instant::now();
-        while hub.connections.load(Ordering::Relaxed) > 0 && t0.elapsed() < limit {
+        while hub.connections() > 0 && t0.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for t in self.tasks {

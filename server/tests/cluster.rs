@@ -417,7 +417,7 @@ async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
     }
     for t in &traces {
         let (_, v) = api.get(&format!("/api/v1/traces/{t}")).await;
-        assert_eq!(v["state"], "DELIVERED", "{v}");
+        assert_eq!(v["state"], "ACK", "{v}");
     }
     a.shutdown().await;
 }
@@ -614,7 +614,7 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
         let mut delivered = false;
         for _ in 0..20 {
             let (_, t) = api.get(&format!("/api/v1/traces/{trace}")).await;
-            if t["state"] == "DELIVERED" {
+            if t["state"] == "ACK" {
                 delivered = true;
                 break;
             }
@@ -949,4 +949,86 @@ async fn session_secrets_are_sealed_at_rest() {
     };
     assert!(!resumed, "a planted plaintext record is not a way in");
     node.shutdown().await;
+}
+
+/// Retries follow the user: a push with an ACK mode in flight on a node that
+/// is killed (SIGKILL, no chance to save anything) is in the user's shared
+/// inbox from the start, so the node the client moves to delivers it again;
+/// the device's dedup keeps it to one message for the app.
+#[tokio::test]
+async fn unacked_messages_on_a_killed_node_reach_the_user_on_the_next_node_once() {
+    use mpush_sdk_core::SessionEvent;
+    use mpush_sdk_core::native::{Client, ClientOptions};
+    use mpush_sdk_core::session::SessionConfig;
+
+    let redis = Redis::start(free_port()).await;
+    let a = start(node_settings(&redis.url(), "A")).await;
+    let api = Api::new(&a);
+    let mut victim = spawn_node(&redis.url(), "K");
+    wait_listening(&victim.tcp).await;
+    let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+    let cfg = SessionConfig::new(
+        vec![victim.tcp.clone(), a.tcp.to_string()],
+        key,
+        device("una-phone", "android"),
+    );
+    let mut c = Client::connect(ClientOptions {
+        session: cfg,
+        ticket_store: None,
+    });
+    c.bind("una", "", "").await.expect("bind");
+    wait_sdk(&mut c, "bound on K", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+    // A biz push the app never acknowledges: in flight on K.
+    let (_, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "una", "content": "in flight", "ackMode": "biz"}),
+        )
+        .await;
+    assert_eq!(r["dispatched"], 1, "{r}");
+    let trace = r["traceId"].as_str().unwrap_or_default().to_owned();
+    let mut seen = 0;
+    wait_sdk(
+        &mut c,
+        "the push on K",
+        |e| matches!(e, SessionEvent::Message(m) if m.content == b"in flight"),
+    )
+    .await;
+    seen += 1;
+
+    let _ = victim.child.kill(); // SIGKILL
+    let _ = victim.child.wait();
+    let e = wait_sdk(&mut c, "reconnected to A", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await;
+    assert!(
+        matches!(&e, SessionEvent::Connected { address, .. } if *address == a.tcp.to_string()),
+        "{e:?}"
+    );
+    // A hands it out again from the user's inbox...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, t) = api.get(&format!("/api/v1/traces/{trace}")).await;
+        if t.to_string().contains("from the offline inbox") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never redelivered: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...and the app still sees it once.
+    let quiet = tokio::time::Instant::now() + Duration::from_secs(2);
+    while let Ok(Some(e)) = tokio::time::timeout_at(quiet, c.next_event()).await {
+        if matches!(&e, SessionEvent::Message(m) if m.content == b"in flight") {
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 1, "delivered to the app exactly once");
+    a.shutdown().await;
 }

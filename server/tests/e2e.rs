@@ -35,7 +35,7 @@ async fn handshake_bind_and_push_in_each_ack_mode_over_each_transport() {
         assert_eq!(profile, if v2 { Profile::V2 } else { Profile::Legacy });
         c.bind(&user, "").await;
 
-        // none: DISPATCHED is as far as the server can know.
+        // none: DELIVERED once written to the socket (nothing to wait for).
         let (st, r) = api
             .post("/api/v1/push", json!({"userId": user, "content": "m-none"}))
             .await;
@@ -45,11 +45,11 @@ async fn handshake_bind_and_push_in_each_ack_mode_over_each_transport() {
         api.trace_state(
             r["traceId"].as_str().unwrap_or_default(),
             &user,
-            "DISPATCHED",
+            "DELIVERED",
         )
         .await;
 
-        // auto: the SDK acks on receipt: DELIVERED.
+        // auto: the SDK acks on receipt: ACK, saying it was the SDK.
         let (_, r) = api
             .post(
                 "/api/v1/push",
@@ -58,13 +58,13 @@ async fn handshake_bind_and_push_in_each_ack_mode_over_each_transport() {
             .await;
         c.message("m-auto").await;
         let t = api
-            .trace_state(
-                r["traceId"].as_str().unwrap_or_default(),
-                &user,
-                "DELIVERED",
-            )
+            .trace_state(r["traceId"].as_str().unwrap_or_default(), &user, "ACK")
             .await;
         assert_eq!(t["recipients"][0]["deviceId"], format!("d-{user}"));
+        assert_eq!(
+            t["recipients"][0]["detail"], "acknowledged by the SDK (auto)",
+            "{t}"
+        );
 
         // biz: the app acks: ACK.
         let (_, r) = api
@@ -235,7 +235,7 @@ async fn offline_messages_arrive_in_order_after_reconnect_and_leave_the_inbox_wh
     c.message("offline 2").await;
     assert_eq!(c.messages(), vec!["offline 0", "offline 1", "offline 2"]);
     for t in &traces {
-        api.trace_state(t, "bob", "DELIVERED").await;
+        api.trace_state(t, "bob", "ACK").await;
     }
     let (_, u) = api.get("/api/v1/users/bob").await;
     assert_eq!(u["inbox"], 0, "{u}");
@@ -319,7 +319,7 @@ async fn broadcast_with_a_tag_filter_and_topic_push() {
     clients[0].message("news!").await;
     clients[2].message("news!").await;
     let trace = r["traceId"].as_str().unwrap_or_default();
-    api.trace_state(trace, "t1", "DELIVERED").await;
+    api.trace_state(trace, "t1", "ACK").await;
     api.trace_state(trace, "nobody-online", "OFFLINE").await;
     let (st, _) = api
         .text(
@@ -373,12 +373,12 @@ async fn mpush_compatible_exec_and_alloc_routes() {
     let v: serde_json::Value = r.json().await.expect("json");
     assert_eq!(v["traceId"], "trace-exec-1");
     c.message("via exec").await;
-    api.trace_state("trace-exec-1", "dave", "DELIVERED").await;
+    api.trace_state("trace-exec-1", "dave", "ACK").await;
     let (st, q) = api
         .get("/exec?method=queryTrace&traceId=trace-exec-1")
         .await;
     assert_eq!(st, 200);
-    assert_eq!(q["states"]["dave"], "DELIVERED", "{q}");
+    assert_eq!(q["states"]["dave"], "ACK", "{q}");
 
     api.text(
         reqwest::Method::PUT,
@@ -465,12 +465,8 @@ async fn legacy_javascript_client_speaks_json_over_websocket() {
     assert_eq!(push["flags"].as_u64().unwrap_or(0) & 8, 8, "auto-ack flag");
     js.send(json!({"cmd": 23, "flags": 16, "sessionId": push["sessionId"], "body": null}))
         .await;
-    api.trace_state(
-        r["traceId"].as_str().unwrap_or_default(),
-        "erin",
-        "DELIVERED",
-    )
-    .await;
+    api.trace_state(r["traceId"].as_str().unwrap_or_default(), "erin", "ACK")
+        .await;
     let (_, u) = api.get("/api/v1/users/erin").await;
     assert_eq!(u["devices"][0]["transport"], "ws");
     assert_eq!(u["devices"][0]["clientType"], 3);
@@ -542,7 +538,11 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
         .await;
     v2.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
         .await;
-    let kept = hub.inbox.list("gina", unix_ms()).await;
+    let kept = hub
+        .inbox()
+        .list("gina", unix_ms())
+        .await
+        .expect("memory inbox");
     let kept: Vec<&[u8]> = kept.iter().map(|m| &m.content[..]).collect();
     assert_eq!(
         kept,

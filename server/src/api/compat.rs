@@ -2,6 +2,7 @@
 //! and the alloc routes (`GET /` server list, `POST /push` demo push).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Json;
@@ -13,8 +14,10 @@ use bytes::Bytes;
 use mpush_protocol::session::AckMode;
 use serde_json::{Value, json};
 
-use super::{ApiError, ApiState, MessageBody, check_topic, check_user, draining, start_topic_push};
-use crate::push::MessageSpec;
+use super::{
+    ApiError, ApiState, MessageBody, check_topic, check_user, draining, start_trace, store_down,
+};
+use crate::logic::MessageSpec;
 use crate::store::TraceState;
 
 /// Parameters from the query string, a form body or a JSON object body.
@@ -75,7 +78,7 @@ pub async fn exec(
     // only with a bearer token (which the auth layer already checked).
     if http_method == Method::GET
         && matches!(method, "push" | "topicPush")
-        && s.hub.cfg.settings.security.api_tokens.is_empty()
+        && s.hub.cfg().settings.security.api_tokens.is_empty()
     {
         return Err(ApiError::method_not_allowed(format!(
             "method={method} changes state: use POST (GET needs a bearer token)"
@@ -114,10 +117,10 @@ pub async fn exec(
             check_user(&user)?;
             let spec = spec(&p)?;
             draining(&s.hub)?;
-            let trace_id = s.hub.start_trace(p.get("traceId").cloned()).await;
+            let trace_id = exec_trace(&s, &p).await?;
             let o = s.hub.push_user(&trace_id, &spec, &user).await;
             Ok(Json(
-                json!({ "success": o.error.is_none(), "traceId": trace_id, "dispatched": o.dispatched, "stored": o.stored }),
+                json!({ "success": o.error.is_none(), "traceId": &*trace_id, "dispatched": o.dispatched, "stored": o.stored }),
             ))
         }
         "topicPush" => {
@@ -125,19 +128,24 @@ pub async fn exec(
             check_topic(&topic)?;
             let spec = spec(&p)?;
             draining(&s.hub)?;
-            let (trace_id, n) =
-                start_topic_push(&s.hub, &topic, spec, p.get("traceId").cloned()).await;
+            let trace_id = exec_trace(&s, &p).await?;
+            let n = s
+                .hub
+                .start_topic_push(&topic, trace_id.clone(), spec)
+                .await
+                .map_err(store_down)?;
             Ok(Json(
-                json!({ "success": true, "traceId": trace_id, "subscribers": n }),
+                json!({ "success": true, "traceId": &*trace_id, "subscribers": n }),
             ))
         }
         "queryTrace" => {
             let id = need("traceId")?;
             let view = s
                 .hub
-                .traces
+                .tracer()
                 .get(id)
                 .await
+                .map_err(store_down)?
                 .ok_or_else(|| ApiError::not_found(format!("no trace `{id}`")))?;
             // mpush's shape: one state per user (Redis hash `trace:{id}`), plus detail.
             let mut states = serde_json::Map::new();
@@ -158,6 +166,22 @@ pub async fn exec(
     }
 }
 
+/// The trace of an `/exec` push: `trace=false` (or `0`) asks for none (the
+/// seed fork's per-message switch), so no record is kept; the push still gets
+/// a trace id. Absent, a trace is kept, as for the JSON API.
+async fn exec_trace(s: &ApiState, p: &HashMap<String, String>) -> Result<Arc<str>, ApiError> {
+    let off = p.get("trace").is_some_and(|v| v == "false" || v == "0");
+    if off {
+        return Ok(p
+            .get("traceId")
+            .filter(|t| !t.is_empty())
+            .cloned()
+            .unwrap_or_else(|| crate::clock::random_hex(16))
+            .into());
+    }
+    start_trace(&s.hub, p.get("traceId").cloned()).await
+}
+
 /// alloc's `GET /`: `host:port,...` of the connect servers, least loaded
 /// first. With `?transport=ws`: the WebSocket gateways' `ws://` URLs, for
 /// browsers (any origin may ask: the list is public).
@@ -176,7 +200,7 @@ pub async fn alloc_servers(
         }
     };
     let cors = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];
-    if let Some(cl) = s.hub.cluster.get() {
+    if let Some(cl) = s.hub.cluster() {
         let nodes = cl.live_nodes().await;
         if !nodes.is_empty() {
             let list: Vec<String> = nodes
@@ -187,16 +211,11 @@ pub async fn alloc_servers(
             return Ok((StatusCode::OK, cors, list.join(",")));
         }
     }
-    let net = &s.hub.cfg.settings.net;
+    let net = &s.hub.cfg().settings.net;
     let addr = if ws {
         ws_url(&s, &headers).unwrap_or_default()
     } else if net.public_address.is_empty() {
-        s.hub
-            .tcp_addr
-            .get()
-            .copied()
-            .unwrap_or(s.hub.cfg.tcp)
-            .to_string()
+        s.hub.listeners().tcp.to_string()
     } else {
         net.public_address.clone()
     };
@@ -207,11 +226,11 @@ pub async fn alloc_servers(
 /// can use it: the configured public URL, else the gateway's port on the
 /// bound address (or on the asked host when bound to all interfaces).
 fn ws_url(s: &ApiState, headers: &HeaderMap) -> Option<String> {
-    let net = &s.hub.cfg.settings.net;
+    let net = &s.hub.cfg().settings.net;
     if !net.public_ws_url.is_empty() {
         return Some(net.public_ws_url.clone());
     }
-    let bound = s.hub.ws_addr.get().copied().or(s.hub.cfg.ws)?;
+    let bound = s.hub.listeners().ws?;
     if !bound.ip().is_unspecified() {
         return Some(format!("ws://{bound}/"));
     }
@@ -259,14 +278,14 @@ pub async fn alloc_push(
         ack_timeout: None,
     };
     draining(&s.hub)?;
-    let trace_id = s.hub.start_trace(None).await;
+    let trace_id = start_trace(&s.hub, None).await?;
     if broadcast {
         let condition = v
             .get("condition")
             .and_then(Value::as_str)
             .map(str::to_owned);
         s.hub
-            .start_broadcast(&trace_id, spec, Vec::new(), condition)
+            .start_broadcast(trace_id, spec, Vec::new(), condition)
             .await
             .map_err(ApiError::bad_request)?;
     } else {

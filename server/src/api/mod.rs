@@ -17,7 +17,6 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine as _;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use mpush_protocol::session::AckMode;
 use serde::Deserialize;
@@ -27,9 +26,9 @@ use tower_http::services::ServeDir;
 
 pub use error::ApiError;
 
-use crate::gateway::registry::ConnCommand;
-use crate::push::filter::Filter;
-use crate::push::{Hub, MessageSpec};
+use crate::logic::filter::Filter;
+use crate::logic::{Hub, MessageSpec};
+use crate::store::StoreError;
 
 #[derive(Clone)]
 pub struct ApiState {
@@ -53,17 +52,18 @@ pub fn router(state: ApiState) -> Router {
         .route("/exec", get(compat::exec).post(compat::exec))
         .route("/push", post(compat::alloc_push))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    let protected = match cors(&state.hub.cfg.settings.security.cors_origins) {
+    let protected = match cors(&state.hub.cfg().settings.security.cors_origins) {
         Some(layer) => protected.layer(layer),
         None => protected,
     };
     let mut app = Router::new()
         .route("/", get(compat::alloc_servers))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .merge(protected);
-    if let Some(dir) = demo_dir(&state.hub.cfg.settings.net.demo_dir) {
+    if let Some(dir) = demo_dir(&state.hub.cfg().settings.net.demo_dir) {
         tracing::info!(dir = %dir.display(), "serving the demo page at /demo/");
         app = app
             .route("/demo", get(|| async { Redirect::permanent("/demo/") }))
@@ -79,7 +79,7 @@ pub fn router(state: ApiState) -> Router {
 /// that a browser sent from another site (its `Origin`, or
 /// `Sec-Fetch-Site: cross-site`) must come from a configured CORS origin.
 async fn same_site(State(s): State<ApiState>, req: Request, next: Next) -> Response {
-    let sec = &s.hub.cfg.settings.security;
+    let sec = &s.hub.cfg().settings.security;
     let host = req
         .headers()
         .get(header::HOST)
@@ -175,7 +175,7 @@ async fn auth(
     req: Request,
     next: Next,
 ) -> Response {
-    let tokens = &s.hub.cfg.settings.security.api_tokens;
+    let tokens = &s.hub.cfg().settings.security.api_tokens;
     if tokens.is_empty() {
         if !peer.ip().is_loopback() {
             return ApiError::unauthorized(
@@ -251,7 +251,7 @@ impl MessageBody {
         check_content(hub, &content)?;
         let ack_mode = parse_ack_mode(self.ack_mode.as_deref())?;
         let ttl_secs = self.ttl_seconds.unwrap_or(0);
-        let max_ttl = hub.cfg.settings.delivery.max_ttl_secs;
+        let max_ttl = hub.cfg().settings.delivery.max_ttl_secs;
         if ttl_secs > max_ttl {
             return Err(ApiError::bad_request(format!(
                 "ttlSeconds is at most {max_ttl}"
@@ -276,7 +276,12 @@ impl MessageBody {
 /// A push no client could accept is refused, never stored.
 fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
     // Room for the envelope, padding and the AEAD tag inside one packet.
-    let max = hub.cfg.settings.limits.max_packet_size.saturating_sub(256);
+    let max = hub
+        .cfg()
+        .settings
+        .limits
+        .max_packet_size
+        .saturating_sub(256);
     if content.len() > max {
         return Err(ApiError::bad_request(format!(
             "content is {} bytes; at most {max}",
@@ -333,7 +338,7 @@ fn check_user(u: &str) -> Result<(), ApiError> {
 }
 
 fn draining(hub: &Hub) -> Result<(), ApiError> {
-    if hub.draining.load(std::sync::atomic::Ordering::Relaxed) {
+    if hub.is_draining() {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
     Ok(())
@@ -355,10 +360,10 @@ async fn push(
     check_user(&b.user_id)?;
     let spec = b.message.spec(&s.hub)?;
     draining(&s.hub)?;
-    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
+    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
     let o = s.hub.push_user(&trace_id, &spec, &b.user_id).await;
     Ok(Json(json!({
-        "traceId": trace_id,
+        "traceId": &*trace_id,
         "dispatched": o.dispatched,
         "stored": o.stored,
         "error": o.error,
@@ -390,19 +395,14 @@ async fn push_batch(
     }
     let spec = b.message.spec(&s.hub)?;
     draining(&s.hub)?;
-    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
-    // Users are independent: deliver to many at once (order of results kept).
-    let results: Vec<_> = futures_util::stream::iter(b.user_ids)
-        .map(|u| {
-            let (hub, spec, trace_id) = (s.hub.clone(), spec.clone(), trace_id.clone());
-            async move { hub.push_user(&trace_id, &spec, &u).await }
-        })
-        .buffered(64)
-        .collect()
-        .await;
+    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
+    // One route lookup and one frame per node for the whole batch (results
+    // in the order of the users).
+    let users: Vec<Arc<str>> = b.user_ids.iter().map(|u| Arc::from(u.as_str())).collect();
+    let results = s.hub.push_users(&trace_id, &spec, &users).await;
     let dispatched: usize = results.iter().map(|r| r.dispatched).sum();
     Ok(Json(
-        json!({ "traceId": trace_id, "dispatched": dispatched, "results": results }),
+        json!({ "traceId": &*trace_id, "dispatched": dispatched, "results": results }),
     ))
 }
 
@@ -425,12 +425,12 @@ async fn broadcast(
     Filter::new(b.tags.clone(), b.condition.as_deref(), spec.client_type)
         .map_err(ApiError::bad_request)?;
     draining(&s.hub)?;
-    let trace_id = s.hub.start_trace(b.message.trace_id.clone()).await;
+    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
     s.hub
-        .start_broadcast(&trace_id, spec, b.tags, b.condition)
+        .start_broadcast(trace_id.clone(), spec, b.tags, b.condition)
         .await
         .map_err(ApiError::unavailable)?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": trace_id }))))
+    Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": &*trace_id }))))
 }
 
 pub fn check_topic(t: &str) -> Result<(), ApiError> {
@@ -449,11 +449,11 @@ async fn subscribe(
     check_user(&user)?;
     let new = s
         .hub
-        .topics
+        .topics()
         .subscribe(&topic, &user)
         .await
         .map_err(|e| match e {
-            crate::store::TopicFull::Unavailable => ApiError::unavailable(e.to_string()),
+            crate::store::TopicFull::Unavailable(_) => ApiError::unavailable(e.to_string()),
             _ => ApiError::conflict(e.to_string()),
         })?;
     Ok(Json(
@@ -466,7 +466,12 @@ async fn unsubscribe(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path((topic, user)) = path?;
-    let removed = s.hub.topics.unsubscribe(&topic, &user).await;
+    let removed = s
+        .hub
+        .topics()
+        .unsubscribe(&topic, &user)
+        .await
+        .map_err(store_down)?;
     if !removed {
         return Err(ApiError::not_found(format!(
             "`{user}` is not subscribed to `{topic}`"
@@ -487,31 +492,36 @@ async fn topic_push(
     let Json(b) = body?;
     let spec = b.spec(&s.hub)?;
     draining(&s.hub)?;
-    let trace_id = start_topic_push(&s.hub, &topic, spec, b.trace_id).await;
+    let trace_id = start_trace(&s.hub, b.trace_id.clone()).await?;
+    let n = s
+        .hub
+        .start_topic_push(&topic, trace_id.clone(), spec)
+        .await
+        .map_err(store_down)?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "traceId": trace_id.0, "subscribers": trace_id.1 })),
+        Json(json!({ "traceId": &*trace_id, "subscribers": n })),
     ))
 }
 
-/// Pushes to every subscriber in the background; returns the trace id and the count.
-pub async fn start_topic_push(
-    hub: &Arc<Hub>,
-    topic: &str,
-    spec: MessageSpec,
-    trace_id: Option<String>,
-) -> (String, usize) {
-    let trace_id = hub.start_trace(trace_id).await;
-    let users = hub.topics.subscribers(topic).await;
-    let n = users.len();
-    let hub = hub.clone();
-    let t = trace_id.clone();
-    tokio::spawn(async move {
-        for u in users {
-            hub.push_user(&t, &spec, &u).await;
-        }
-    });
-    (trace_id, n)
+/// Starts a trace. A trace store that is down does not stop delivery (local
+/// delivery never depends on Redis): the push goes out untraced, the outage is
+/// logged and counted, and `GET /api/v1/traces/{id}` answers 503 meanwhile.
+pub async fn start_trace(hub: &Hub, trace_id: Option<String>) -> Result<Arc<str>, ApiError> {
+    let id: Arc<str> = trace_id
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| crate::clock::random_hex(16))
+        .into();
+    if let Err(e) = hub.tracer().start(Some(id.to_string())).await {
+        metrics::counter!("mpush_traces_untraced_total").increment(1);
+        tracing::warn!(error = %e, trace = %id, "trace store down: pushed untraced");
+    }
+    Ok(id)
+}
+
+/// A store that is down: 503, saying which.
+pub fn store_down(e: StoreError) -> ApiError {
+    ApiError::unavailable(e.to_string())
 }
 
 async fn trace(
@@ -521,43 +531,23 @@ async fn trace(
     let Path(id) = path?;
     let view = s
         .hub
-        .traces
+        .tracer()
         .get(&id)
         .await
+        .map_err(store_down)?
         .ok_or_else(|| ApiError::not_found(format!("no trace `{id}` (unknown or expired)")))?;
     Ok(Json(serde_json::to_value(view).unwrap_or_default()))
 }
 
+/// A user's devices on every node (cluster mode), and its inbox.
 async fn user(
     State(s): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path(user) = path?;
     check_user(&user)?;
-    let devices: Vec<Value> = s
-        .hub
-        .registry
-        .lookup(&user)
-        .iter()
-        .map(|h| {
-            let i = &h.info;
-            json!({
-                "deviceId": i.device.device_id,
-                "clientType": i.client_type,
-                "osName": i.device.os_name,
-                "osVersion": i.device.os_version,
-                "clientVersion": i.device.client_version,
-                "profile": format!("{:?}", i.profile).to_lowercase(),
-                "transport": i.transport,
-                "connectedAtMs": i.connected_at_ms,
-                "tags": i.tags.read().clone(),
-            })
-        })
-        .collect();
-    let inbox = s.hub.inbox.len(&user).await;
-    Ok(Json(
-        json!({ "userId": user, "online": !devices.is_empty(), "devices": devices, "inbox": inbox }),
-    ))
+    let view = s.hub.user(&user).await.map_err(store_down)?;
+    Ok(Json(serde_json::to_value(view).unwrap_or_default()))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -574,14 +564,11 @@ async fn kick(
     let Path(user) = path?;
     check_user(&user)?;
     let ct = parse_client_type(body.as_ref().and_then(|b| b.client_type.as_ref()))?;
-    let mut kicked = 0;
-    for h in s.hub.registry.lookup(&user) {
-        if ct.is_none_or(|c| c == h.info.client_type)
-            && h.tx.try_send(ConnCommand::KickAndClose).is_ok()
-        {
-            kicked += 1;
-        }
-    }
+    let kicked = s
+        .hub
+        .kick_user(&user, ct)
+        .await
+        .map_err(ApiError::unavailable)?;
     if kicked == 0 {
         return Err(ApiError::not_found(format!(
             "`{user}` has no online device to kick"
@@ -590,19 +577,32 @@ async fn kick(
     Ok(Json(json!({ "userId": user, "kicked": kicked })))
 }
 
+/// Liveness: the process serves HTTP (200 while draining too).
 async fn healthz(State(s): State<ApiState>) -> Json<Value> {
     let h = &s.hub;
     Json(json!({
-        "status": if h.draining.load(std::sync::atomic::Ordering::Relaxed) { "draining" } else { "ok" },
-        "connections": h.connections.load(std::sync::atomic::Ordering::Relaxed),
-        "bound": h.registry.len(),
+        "status": if h.is_draining() { "draining" } else { "ok" },
+        "connections": h.connections(),
+        "bound": h.bound(),
     }))
 }
 
+/// Readiness: 503 while draining, or while the Redis this node needs is
+/// unreachable, so load balancers send nobody here.
+async fn readyz(State(s): State<ApiState>) -> Response {
+    match s.hub.ready().await {
+        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "unavailable", "reason": why })),
+        )
+            .into_response(),
+    }
+}
+
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
-    metrics::gauge!("mpush_connections")
-        .set(s.hub.connections.load(std::sync::atomic::Ordering::Relaxed) as f64);
-    metrics::gauge!("mpush_bound_connections").set(s.hub.registry.len() as f64);
+    metrics::gauge!("mpush_connections").set(s.hub.connections() as f64);
+    metrics::gauge!("mpush_bound_connections").set(s.hub.bound() as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),

@@ -1,31 +1,104 @@
-//! Cluster mode on Redis: node discovery, the route table, node-to-node
-//! forwarding, and pub/sub fan-out for broadcast and cross-node kicks.
+//! Cluster mode on Redis: node discovery, node-to-node forwarding (`peer`),
+//! and pub/sub fan-out for broadcast and cross-node kicks. What arrives is
+//! handed to a `Delivery` (the logic layer implements it); the route table
+//! is `route::table`.
 //!
 //! Keys: `mp:{n}:node:<id>` (JSON, TTL `node_ttl_secs`, renewed), `mp:{n}:nodes`
-//! (set of ids), `mp:ur:<userId>` (hash: client type → JSON route, TTL refreshed
-//! while connected), channels `mp:events` (join/leave), `mp:broadcast`,
-//! `mp:kick:<nodeId>`.
+//! (set of ids), channels `mp:events` (join/leave), `mp:broadcast`,
+//! `mp:kick:<nodeId>`; every message is a typed serde struct.
 
 pub mod node_auth;
 pub mod peer;
-pub mod redis_conn;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use futures_util::StreamExt;
 use mpush_protocol::message::v2;
 use parking_lot::Mutex;
 use redis::AsyncCommands;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::Validated;
-use crate::push::Hub;
+use crate::redis_conn::RedisHandle;
 pub use peer::ForwardError;
+
+/// What the cluster hands to the node's logic: the cluster layer knows how
+/// messages travel between nodes, not what delivering one means.
+#[async_trait]
+pub trait Delivery: Send + Sync + 'static {
+    /// A batch another node forwarded: per recipient, how many local
+    /// connections took it.
+    async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32>;
+    /// A broadcast published by any node (this one too).
+    async fn broadcast(&self, msg: BroadcastMsg);
+    /// A kick for one of this node's connections.
+    fn kick(&self, msg: KickMsg);
+    /// Open connections (the node's advertised load).
+    fn load(&self) -> usize;
+    fn draining(&self) -> bool;
+}
+
+/// A broadcast, as published on `mp:broadcast`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BroadcastMsg {
+    pub trace_id: String,
+    #[serde(with = "base64_bytes")]
+    pub content: Vec<u8>,
+    pub ack_mode: i32,
+    pub client_type: Option<i32>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub condition: Option<String>,
+    /// The message id every node uses: one broadcast is one message.
+    pub message_id: u64,
+}
+
+/// A kick, as published on `mp:kick:<node>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KickMsg {
+    pub user_id: String,
+    pub client_type: i32,
+    /// 0: every connection of the user (and client type, when not 0).
+    #[serde(with = "crate::cluster::u64_string")]
+    pub conn_id: u64,
+    /// Replaced by a login elsewhere (KICK, connection stays: mpush 7.4), or
+    /// kicked by the API (KICK and close).
+    #[serde(default)]
+    pub close: bool,
+}
+
+mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        base64::engine::general_purpose::STANDARD
+            .decode(String::deserialize(d)?)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+pub(crate) mod u64_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
 
 /// The set of node ids, and each node's registration: the `{n}` hash tag keeps
 /// them in one slot of a Redis Cluster.
@@ -36,64 +109,51 @@ fn node_key(id: &str) -> String {
 }
 
 /// What a node publishes about itself.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub id: String,
     pub tcp: String,
+    #[serde(default)]
     pub ws: String,
+    #[serde(default)]
     pub http: String,
+    #[serde(default)]
     pub internal: String,
+    #[serde(default)]
     pub load: usize,
 }
 
 impl NodeInfo {
     fn to_json(&self) -> String {
-        json!({"id": self.id, "tcp": self.tcp, "ws": self.ws, "http": self.http, "internal": self.internal, "load": self.load}).to_string()
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     fn from_json(s: &str) -> Option<Self> {
-        let v: Value = serde_json::from_str(s).ok()?;
-        let f = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
-        Some(Self {
-            id: f("id"),
-            tcp: f("tcp"),
-            ws: f("ws"),
-            http: f("http"),
-            internal: f("internal"),
-            load: v["load"].as_u64().unwrap_or(0) as usize,
-        })
+        serde_json::from_str(s).ok()
     }
 }
 
-/// One route of the table: where (user, client type) is connected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub client_type: i32,
-    pub node: String,
-    pub conn_id: u64,
-    pub device_id: String,
+/// A node joined or left (`mp:events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum NodeEvent {
+    Join(String),
+    Leave(String),
 }
 
 pub struct Cluster {
     pub node_id: String,
-    pub redis: redis_conn::RedisHandle,
+    pub redis: RedisHandle,
     cfg: Arc<Validated>,
     me: Mutex<Option<NodeInfo>>,
     peers: peer::Peers,
     live: Mutex<HashMap<String, (Instant, Option<NodeInfo>)>>,
 }
 
-/// Compare-and-delete of a route field: only if it still names this connection.
-const DEL_ROUTE: &str = r"
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v and string.find(v, ARGV[2], 1, true) then return redis.call('HDEL', KEYS[1], ARGV[1]) end
-return 0";
-
 impl Cluster {
     pub async fn connect(cfg: Arc<Validated>) -> anyhow::Result<Arc<Self>> {
         let c = &cfg.settings.cluster;
-        let redis =
-            redis_conn::RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms)).await?;
+        let redis = RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms)).await?;
         redis.spawn_follow();
         let node_id = if c.node_id.is_empty() {
             crate::clock::random_hex(6)
@@ -168,10 +228,22 @@ impl Cluster {
             .is_ok();
         if ok && announce {
             let _: redis::RedisResult<i64> = c
-                .publish("mp:events", json!({"join": me.id}).to_string())
+                .publish(
+                    "mp:events",
+                    serde_json::to_string(&NodeEvent::Join(me.id.clone())).unwrap_or_default(),
+                )
                 .await;
         }
         ok
+    }
+
+    /// Whether Redis answers (readiness).
+    pub async fn ping(&self) -> Result<(), redis::RedisError> {
+        let mut c = self.redis.conn();
+        redis::cmd("PING")
+            .query_async::<String>(&mut c)
+            .await
+            .map(|_| ())
     }
 
     /// Leaves the cluster (first step of a drain).
@@ -186,7 +258,10 @@ impl Cluster {
             .query_async(&mut c)
             .await;
         let _: redis::RedisResult<i64> = c
-            .publish("mp:events", json!({"leave": id}).to_string())
+            .publish(
+                "mp:events",
+                serde_json::to_string(&NodeEvent::Leave(id.clone())).unwrap_or_default(),
+            )
             .await;
     }
 
@@ -234,60 +309,37 @@ impl Cluster {
         n
     }
 
-    fn route_value(&self, conn_id: u64, device_id: &str) -> String {
-        json!({"node": self.node_id, "connId": conn_id.to_string(), "deviceId": device_id, "mark": format!("{}#{}", self.node_id, conn_id)}).to_string()
-    }
-
-    /// Writes this node's route for (user, client type); returns the route it replaced.
-    pub async fn route_set(
+    /// Forwards a batch to `node`: per recipient, how many connections took it.
+    pub async fn forward(
         &self,
-        user: &str,
-        client_type: i32,
-        conn_id: u64,
-        device_id: &str,
-    ) -> Result<Option<Route>, redis::RedisError> {
-        let key = format!("mp:ur:{user}");
-        let mut c = self.redis.conn();
-        let (old,): (Option<String>,) = redis::pipe()
-            .hget(&key, client_type)
-            .hset(&key, client_type, self.route_value(conn_id, device_id))
-            .ignore()
-            .expire(&key, self.cfg.settings.cluster.route_ttl_secs as i64)
-            .ignore()
-            .query_async(&mut c)
-            .await?;
-        Ok(old.and_then(|v| parse_route(client_type, &v)))
-    }
-
-    /// Removes a route only if it still names `node`'s connection `conn_id`.
-    pub async fn route_del(&self, user: &str, client_type: i32, node: &str, conn_id: u64) {
-        let mut c = self.redis.conn();
-        let _: redis::RedisResult<i64> = redis::Script::new(DEL_ROUTE)
-            .key(format!("mp:ur:{user}"))
-            .arg(client_type)
-            .arg(format!("\"mark\":\"{node}#{conn_id}\""))
-            .invoke_async(&mut c)
-            .await;
-    }
-
-    pub async fn routes(&self, user: &str) -> Result<Vec<Route>, redis::RedisError> {
-        let mut c = self.redis.conn();
-        let all: HashMap<String, String> = c.hgetall(format!("mp:ur:{user}")).await?;
-        Ok(all
-            .iter()
-            .filter_map(|(ct, v)| parse_route(ct.parse().ok()?, v))
-            .collect())
-    }
-
-    /// Forwards a push to the node holding the route.
-    pub async fn forward(&self, node: &NodeInfo, push: v2::NodePush) -> Result<(), ForwardError> {
+        node: &NodeInfo,
+        batch: v2::NodePushBatch,
+    ) -> Result<Vec<u32>, ForwardError> {
         self.peers
-            .forward(&node.id, &node.internal, push, self.timeout())
+            .forward(&node.id, &node.internal, batch, self.timeout())
             .await
     }
 
+    /// Publishes a broadcast to every node (this one included).
+    pub async fn publish_broadcast(&self, msg: &BroadcastMsg) -> Result<(), redis::RedisError> {
+        self.publish(
+            "mp:broadcast",
+            serde_json::to_string(msg).unwrap_or_default(),
+        )
+        .await
+    }
+
+    /// Sends a kick to the node holding the connection.
+    pub async fn publish_kick(&self, node: &str, msg: &KickMsg) -> Result<(), redis::RedisError> {
+        self.publish(
+            &format!("mp:kick:{node}"),
+            serde_json::to_string(msg).unwrap_or_default(),
+        )
+        .await
+    }
+
     /// PUBLISH, or SPUBLISH (sharded pub/sub) on a Redis Cluster.
-    pub async fn publish(&self, channel: &str, payload: String) -> Result<(), redis::RedisError> {
+    async fn publish(&self, channel: &str, payload: String) -> Result<(), redis::RedisError> {
         let mut c = self.redis.conn();
         let cmd = if self.redis.cluster_nodes().is_some() {
             "SPUBLISH"
@@ -302,78 +354,36 @@ impl Cluster {
             .map(|_| ())
     }
 
-    /// Background work: renewing the registration, refreshing routes, and
-    /// the pub/sub listener; each survives Redis outages and recovers alone.
-    pub fn spawn_loops(self: &Arc<Self>, hub: Weak<Hub>) {
+    /// Background work: renewing the registration and the pub/sub
+    /// listener; each survives Redis outages and recovers alone. Both stop
+    /// when `delivery` is gone or draining.
+    pub fn spawn_loops(self: &Arc<Self>, delivery: Weak<dyn Delivery>) {
         let me = self.clone();
-        let h = hub.clone();
+        let d = delivery.clone();
         tokio::spawn(async move {
             let every = Duration::from_secs(me.cfg.settings.cluster.node_renew_secs);
             let mut registered = false;
             loop {
-                let Some(hub) = h.upgrade() else { return };
-                if hub.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                let Some(node) = d.upgrade() else { return };
+                if node.draining() {
                     return;
                 }
-                let ok = me
-                    .register(
-                        hub.connections.load(std::sync::atomic::Ordering::Relaxed),
-                        !registered,
-                    )
-                    .await;
+                let ok = me.register(node.load(), !registered).await;
                 if ok && !registered {
                     info!(node = %me.node_id, "registered in the cluster");
                 }
                 registered = ok;
-                drop(hub);
+                drop(node);
                 tokio::time::sleep(if ok { every } else { Duration::from_secs(1) }).await;
             }
         });
         let me = self.clone();
-        let h = hub.clone();
-        tokio::spawn(async move {
-            let every = Duration::from_secs(me.cfg.settings.cluster.route_refresh_secs);
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(hub) = h.upgrade() else { return };
-                let ttl = me.cfg.settings.cluster.route_ttl_secs as i64;
-                // One small pipeline per user key (one slot each on a Redis
-                // Cluster), many in flight at once.
-                let writes = hub.registry.snapshot().into_iter().map(|(user, handle)| {
-                    let me = me.clone();
-                    async move {
-                        let key = format!("mp:ur:{user}");
-                        let value = me.route_value(handle.info.id, &handle.info.device.device_id);
-                        let mut c = me.redis.conn();
-                        redis::pipe()
-                            .hset(&key, handle.info.client_type, value)
-                            .ignore()
-                            .expire(&key, ttl)
-                            .ignore()
-                            .query_async::<()>(&mut c)
-                            .await
-                    }
-                });
-                let failed = futures_util::stream::iter(writes)
-                    .buffer_unordered(32)
-                    .filter(|r| std::future::ready(r.is_err()))
-                    .count()
-                    .await;
-                if failed > 0 {
-                    warn!(failed, "route refresh failed for some users");
-                }
-            }
-        });
-        let me = self.clone();
         tokio::spawn(async move {
             loop {
-                if let Err(e) = me.listen(&hub).await {
+                if let Err(e) = me.listen(&delivery).await {
                     warn!(error = %e, "cluster pub/sub lost; resubscribing");
                 }
-                if hub
-                    .upgrade()
-                    .is_none_or(|h| h.draining.load(std::sync::atomic::Ordering::Relaxed))
-                {
+                if delivery.upgrade().is_none_or(|d| d.draining()) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -381,32 +391,30 @@ impl Cluster {
         });
     }
 
-    async fn listen(&self, hub: &Weak<Hub>) -> Result<(), redis::RedisError> {
+    async fn listen(&self, delivery: &Weak<dyn Delivery>) -> Result<(), redis::RedisError> {
         if let Some(nodes) = self.redis.cluster_nodes() {
-            return self.listen_sharded(nodes, hub).await;
+            return self.listen_sharded(nodes, delivery).await;
         }
         let mut ps = self.redis.client().get_async_pubsub().await?;
         ps.subscribe("mp:broadcast").await?;
         ps.subscribe(format!("mp:kick:{}", self.node_id)).await?;
         let mut stream = ps.on_message();
         while let Some(msg) = stream.next().await {
-            let Some(hub) = hub.upgrade() else {
+            let Some(d) = delivery.upgrade() else {
                 return Ok(());
             };
             let payload: String = msg.get_payload().unwrap_or_default();
-            self.dispatch(&hub, msg.get_channel_name(), &payload);
+            dispatch(d, msg.get_channel_name(), &payload);
         }
         Ok(())
     }
-}
 
-impl Cluster {
     /// Sharded pub/sub on a Redis Cluster: each channel lives on one shard
     /// (RESP3; the client resubscribes by itself after disconnections).
     async fn listen_sharded(
         &self,
         nodes: Vec<String>,
-        hub: &Weak<Hub>,
+        delivery: &Weak<dyn Delivery>,
     ) -> Result<(), redis::RedisError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
         let t = self.redis.timeout();
@@ -423,7 +431,7 @@ impl Cluster {
             if push.kind != redis::PushKind::SMessage {
                 continue;
             }
-            let Some(hub) = hub.upgrade() else {
+            let Some(d) = delivery.upgrade() else {
                 return Ok(());
             };
             let text = |v: Option<&redis::Value>| {
@@ -431,30 +439,30 @@ impl Cluster {
                     .unwrap_or_default()
             };
             let (channel, payload) = (text(push.data.first()), text(push.data.get(1)));
-            self.dispatch(&hub, &channel, &payload);
+            dispatch(d, &channel, &payload);
         }
         Ok(())
     }
+}
 
-    fn dispatch(&self, hub: &Arc<Hub>, channel: &str, payload: &str) {
-        let Ok(v) = serde_json::from_str::<Value>(payload) else {
-            return;
-        };
-        if channel == "mp:broadcast" {
-            let hub = hub.clone();
-            tokio::spawn(async move { hub.broadcast_from_cluster(&v).await });
-        } else {
-            hub.kick_from_cluster(&v);
+/// A message from pub/sub: typed, or dropped (and counted) when malformed.
+fn dispatch(d: Arc<dyn Delivery>, channel: &str, payload: &str) {
+    if channel == "mp:broadcast" {
+        match serde_json::from_str::<BroadcastMsg>(payload) {
+            Ok(msg) => {
+                tokio::spawn(async move { d.broadcast(msg).await });
+            }
+            Err(e) => malformed(channel, &e),
+        }
+    } else {
+        match serde_json::from_str::<KickMsg>(payload) {
+            Ok(msg) => d.kick(msg),
+            Err(e) => malformed(channel, &e),
         }
     }
 }
 
-fn parse_route(client_type: i32, v: &str) -> Option<Route> {
-    let j: Value = serde_json::from_str(v).ok()?;
-    Some(Route {
-        client_type,
-        node: j["node"].as_str()?.to_owned(),
-        conn_id: j["connId"].as_str()?.parse().ok()?,
-        device_id: j["deviceId"].as_str().unwrap_or_default().to_owned(),
-    })
+fn malformed(channel: &str, e: &serde_json::Error) {
+    metrics::counter!("mpush_cluster_malformed_total").increment(1);
+    warn!(channel, error = %e, "malformed cluster message dropped");
 }

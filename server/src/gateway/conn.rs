@@ -1,138 +1,64 @@
-//! One task per connection: the driver around the protocol machine. It moves
-//! bytes and time into the machine, carries its output to the socket (all
-//! that is queued in one write), and answers the machine's IO round trips
-//! through the hub. It makes no protocol decision of its own.
+//! One task per connection: the driver around its protocol machine. It moves
+//! bytes and time into the machine, carries the machine's output to the
+//! socket (everything queued in one write), and hands what the client asked
+//! for (bind, resume) and what became of each push (written, acknowledged,
+//! timed out, left unacknowledged at close) to the logic layer. It makes no
+//! protocol decision, and no delivery decision, of its own.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
 use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
-use mpush_protocol::message::Redirect;
+use mpush_protocol::machine::{Input, ServerMachine, Transmit};
 use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent};
-use mpush_protocol::session::{AckMode, Profile, SessionRecord};
+use mpush_protocol::session::{DeviceInfo, Profile};
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
+use super::Gateway;
 use super::limits::IpSlot;
-use super::registry::{ConnCommand, ConnHandle, ConnInfo, Kick};
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
-use crate::push::Hub;
-use crate::store::TraceState;
-
-/// The protocol machine of a connection: binary packets, or mpush's JSON form
-/// (chosen by a WebSocket client's first frame).
-enum Machine {
-    Binary(Box<ServerConnection>),
-    Json(Box<JsonServerConnection>),
-}
-
-impl Machine {
-    fn poll_event(&mut self) -> Option<ServerEvent> {
-        match self {
-            Self::Binary(m) => m.poll_event(),
-            Self::Json(m) => m.poll_event(),
-        }
-    }
-    fn poll_timeout(&self) -> Option<Instant> {
-        match self {
-            Self::Binary(m) => m.poll_timeout(),
-            Self::Json(m) => m.poll_timeout(),
-        }
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        match self {
-            Self::Binary(m) => m.handle_timeout(now),
-            Self::Json(m) => m.handle_timeout(now),
-        }
-    }
-    fn is_closed(&self) -> bool {
-        match self {
-            Self::Binary(m) => m.is_closed(),
-            Self::Json(m) => m.is_closed(),
-        }
-    }
-    fn inflight(&self) -> usize {
-        match self {
-            Self::Binary(m) => m.inflight(),
-            Self::Json(m) => m.inflight(),
-        }
-    }
-    fn push(&mut self, p: OutboundPush, now: Instant) -> Result<i32, PushError> {
-        match self {
-            Self::Binary(m) => m.push(p, now),
-            Self::Json(m) => m.push(p, now),
-        }
-    }
-    fn kick(&mut self, device_id: &str, user_id: &str) {
-        match self {
-            Self::Binary(m) => m.kick(device_id, user_id),
-            Self::Json(m) => m.kick(device_id, user_id),
-        }
-    }
-    fn close(&mut self) {
-        match self {
-            Self::Binary(m) => m.close(),
-            Self::Json(m) => m.close(),
-        }
-    }
-    fn handle_bind_result(&mut self, request: i32, user: &str, r: Result<(), String>) {
-        match self {
-            Self::Binary(m) => m.handle_bind_result(request, user, r),
-            Self::Json(m) => m.handle_bind_result(request, user, r),
-        }
-    }
-    fn handle_unbind_result(&mut self, request: i32, ok: bool) {
-        match self {
-            Self::Binary(m) => m.handle_unbind_result(request, ok),
-            Self::Json(m) => m.handle_unbind_result(request, ok),
-        }
-    }
-}
-
-/// What the driver remembers about pushes in flight, to trace their outcome.
-struct Sent {
-    trace_id: String,
-    ack_mode: AckMode,
-    /// Kept (a refcount, not a copy) so a drain can move it to the inbox.
-    content: Bytes,
-    expires_at_ms: u64,
-}
+use crate::route::{ConnCommand, ConnInfo};
 
 struct Driver<T: Transport> {
-    hub: Arc<Hub>,
+    gw: Arc<Gateway>,
     transport: T,
-    machine: Machine,
+    machine: Box<dyn ServerMachine>,
     conn_id: u64,
     peer: SocketAddr,
     info: Option<Arc<ConnInfo>>,
-    user: Option<String>,
+    user: Option<Arc<str>>,
     tx: Option<mpsc::Sender<ConnCommand>>,
-    sent: HashMap<u64, Sent>,
+    /// Traces of the pushes queued in the machine since the last write: they
+    /// are DELIVERED once that write succeeds.
+    unwritten: Vec<Arc<str>>,
     draining: bool,
     accepted: Instant,
     /// This connection's place in its address's count; freed with the driver.
     _slot: IpSlot,
 }
 
-/// Serves one accepted connection until it closes.
-pub async fn serve<T: Transport>(transport: T, hub: Arc<Hub>, peer: SocketAddr, slot: IpSlot) {
+/// Serves one accepted connection (counted by `Hub::opened`) until it closes.
+pub async fn serve<T: Transport>(
+    transport: T,
+    gw: Arc<Gateway>,
+    conn_id: u64,
+    peer: SocketAddr,
+    slot: IpSlot,
+) {
     let now = Instant::now();
-    let conn_id = hub.next_conn_id();
-    let machine = Machine::Binary(Box::new(ServerConnection::new(
-        hub.proto.clone(),
+    let machine = Box::new(ServerConnection::new(
+        gw.hub.proto().clone(),
         seed(),
         now,
         unix_ms(),
-    )));
-    let (tx, rx) = mpsc::channel(hub.cfg.settings.limits.outbound_queue);
+    ));
+    let (tx, rx) = mpsc::channel(gw.hub.cfg().settings.limits.outbound_queue);
     let mut d = Driver {
-        hub,
+        gw,
         transport,
         machine,
         conn_id,
@@ -140,7 +66,7 @@ pub async fn serve<T: Transport>(transport: T, hub: Arc<Hub>, peer: SocketAddr, 
         info: None,
         user: None,
         tx: Some(tx),
-        sent: HashMap::new(),
+        unwritten: Vec::new(),
         draining: false,
         accepted: now,
         _slot: slot,
@@ -152,9 +78,9 @@ impl<T: Transport> Driver<T> {
     async fn run(&mut self, mut rx: mpsc::Receiver<ConnCommand>) {
         let mut first_frame = true;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let mut shutdown = self.hub.shutdown.subscribe();
+        let mut shutdown = self.gw.hub.shutdown_signal();
         if *shutdown.borrow() {
-            self.command(ConnCommand::Drain);
+            self.drain();
         }
         loop {
             let deadline = self
@@ -166,33 +92,26 @@ impl<T: Transport> Driver<T> {
                 (a, b) => a.or(b),
             };
             tokio::select! {
-                _ = shutdown.changed(), if !self.draining => self.command(ConnCommand::Drain),
+                _ = shutdown.changed(), if !self.draining => self.drain(),
                 // `self.tx` keeps the queue open for the connection's whole life.
                 Some(c) = rx.recv() => self.command(c),
                 inc = self.transport.recv() => match inc {
                     Ok(Incoming::Data(b)) => {
-                        if first_frame && T::NAME == "ws" { first_frame = false; }
-                        match &mut self.machine {
-                            Machine::Binary(m) => m.handle_input(&b, Instant::now()),
-                            Machine::Json(m) => m.handle_binary(),
-                        }
+                        first_frame = false;
+                        self.machine.handle_input(Input::Bytes(&b), Instant::now());
                     }
                     Ok(Incoming::Text(t)) => {
-                        if first_frame {
-                            // mpush's JavaScript client speaks JSON text frames.
-                            self.machine = Machine::Json(Box::new(JsonServerConnection::new(self.hub.proto.clone(), self.accepted)));
-                            first_frame = false;
+                        if std::mem::take(&mut first_frame) {
+                            // mpush's JavaScript client speaks JSON text frames
+                            // from its first frame on.
+                            self.machine = Box::new(JsonServerConnection::new(
+                                self.gw.hub.proto().clone(),
+                                self.accepted,
+                            ));
                         }
-                        match &mut self.machine {
-                            Machine::Json(m) => m.handle_text(&t, Instant::now()),
-                            Machine::Binary(m) => m.close(),
-                        }
+                        self.machine.handle_input(Input::Text(&t), Instant::now());
                     }
-                    Ok(Incoming::Activity) => {
-                        if let Machine::Json(m) = &mut self.machine {
-                            m.handle_activity(Instant::now());
-                        }
-                    }
+                    Ok(Incoming::Activity) => self.machine.handle_input(Input::Activity, Instant::now()),
                     Ok(Incoming::Eof) | Err(_) => break,
                 },
                 _ = sleep_opt(sleep_until) => {
@@ -209,12 +128,9 @@ impl<T: Transport> Driver<T> {
                 break;
             }
             if self.draining && drain_deadline.is_none() {
-                drain_deadline = Some(
-                    tokio::time::Instant::now()
-                        + std::time::Duration::from_millis(
-                            self.hub.cfg.settings.shutdown.drain_timeout_ms,
-                        ),
-                );
+                let ms = self.gw.hub.cfg().settings.shutdown.drain_timeout_ms;
+                drain_deadline =
+                    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(ms));
             }
             if self.draining && self.machine.inflight() == 0 {
                 self.machine.close();
@@ -233,86 +149,38 @@ impl<T: Transport> Driver<T> {
         self.finish().await;
     }
 
+    fn drain(&mut self) {
+        self.draining = true;
+        let redirect = self.gw.hub.redirect_for(T::NAME);
+        self.machine.redirect(&redirect);
+    }
+
     fn command(&mut self, c: ConnCommand) {
-        let now = Instant::now();
         match c {
-            ConnCommand::Push(p) => self.push(*p, now),
+            ConnCommand::Push(p) => self.push(*p),
             ConnCommand::Kicked(k) => self.machine.kick(&k.device_id, &k.user_id),
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
-                    let device = info.device.device_id.clone();
-                    let user = user.clone();
+                    let (device, user) = (info.device.device_id.clone(), user.clone());
                     self.machine.kick(&device, &user);
                 }
                 self.machine.close();
             }
-            ConnCommand::Drain => {
-                self.draining = true;
-                let s = &self.hub.cfg.settings.shutdown;
-                if let Machine::Binary(m) = &mut self.machine {
-                    m.redirect(&Redirect {
-                        address: self
-                            .hub
-                            .redirect_to
-                            .get()
-                            .cloned()
-                            .unwrap_or_else(|| s.redirect_to.clone()),
-                        retry_after_ms: 0,
-                        jitter_ms: s.redirect_jitter_ms,
-                        reason: "server shutting down".into(),
-                    });
-                }
-            }
         }
     }
 
-    fn push(&mut self, p: OutboundPush, now: Instant) {
-        let (message_id, trace_id, ack_mode) = (p.message_id, p.trace_id.clone(), p.ack_mode);
-        let (content, expires_at_ms) = (p.content.clone(), p.expires_at_ms);
-        let result = self.machine.push(p, now);
-        let hub = self.hub.clone();
-        let (user, device, ct) = self.who();
-        match result {
-            Ok(_) => {
-                if ack_mode != AckMode::None {
-                    self.sent.insert(
-                        message_id,
-                        Sent {
-                            trace_id: trace_id.clone(),
-                            ack_mode,
-                            content,
-                            expires_at_ms,
-                        },
-                    );
-                }
-                tokio::spawn(async move {
-                    hub.trace(&trace_id, &user, &device, ct, TraceState::Dispatched, None)
-                        .await;
-                });
-            }
+    fn push(&mut self, p: OutboundPush) {
+        let trace_id = p.trace_id.clone();
+        match self.machine.push(p.clone(), Instant::now()) {
+            Ok(_) => self.unwritten.push(trace_id),
+            // Already in flight here (an inbox replay of a push under way).
+            Err(PushError::Duplicate(_)) => {}
             Err(e) => {
-                let state = if matches!(e, PushError::Duplicate(_)) {
-                    TraceState::Dispatched
-                } else {
-                    TraceState::Failed
-                };
-                tokio::spawn(async move {
-                    hub.trace(&trace_id, &user, &device, ct, state, Some(e.to_string()))
-                        .await;
-                });
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    self.gw.hub.settle_refused(user, info, &p, e.to_string());
+                }
             }
         }
-    }
-
-    fn who(&self) -> (String, String, i32) {
-        (
-            self.user.clone().unwrap_or_default(),
-            self.info
-                .as_ref()
-                .map(|i| i.device.device_id.clone())
-                .unwrap_or_default(),
-            self.info.as_ref().map_or(-1, |i| i.client_type),
-        )
     }
 
     /// Handles every event, then writes every transmit, until both are empty.
@@ -323,28 +191,14 @@ impl<T: Transport> Driver<T> {
                 busy = true;
                 self.event(e).await;
             }
-            match &mut self.machine {
-                Machine::Binary(m) => {
-                    if let Some(bytes) = m.poll_transmit() {
-                        busy = true;
-                        self.write(bytes).await?;
-                    }
-                }
-                Machine::Json(m) => {
-                    if m.poll_ping() {
-                        busy = true;
-                        let t = self.hub.cfg.write_timeout();
-                        tokio::time::timeout(t, self.transport.ping())
-                            .await
-                            .map_err(|_| slow())??;
-                    }
-                    while let Some(text) = m.poll_transmit() {
-                        busy = true;
-                        let t = self.hub.cfg.write_timeout();
-                        tokio::time::timeout(t, self.transport.send_text(text))
-                            .await
-                            .map_err(|_| slow())??;
-                    }
+            while let Some(t) = self.machine.poll_transmit() {
+                busy = true;
+                self.write(t).await?;
+            }
+            if !self.unwritten.is_empty() {
+                let traces = std::mem::take(&mut self.unwritten);
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    self.gw.hub.settle_written(user, info, &traces);
                 }
             }
             if !busy {
@@ -353,19 +207,27 @@ impl<T: Transport> Driver<T> {
         }
     }
 
-    async fn write(&mut self, bytes: Bytes) -> std::io::Result<()> {
-        let t = self.hub.cfg.write_timeout();
-        match tokio::time::timeout(t, self.transport.send(bytes)).await {
+    async fn write(&mut self, t: Transmit) -> std::io::Result<()> {
+        let limit = self.gw.hub.cfg().write_timeout();
+        let r = match t {
+            Transmit::Bytes(b) => tokio::time::timeout(limit, self.transport.send(b)).await,
+            Transmit::Text(s) => tokio::time::timeout(limit, self.transport.send_text(s)).await,
+            Transmit::Ping => tokio::time::timeout(limit, self.transport.ping()).await,
+        };
+        match r {
             Ok(r) => r,
             Err(_) => {
                 metrics::counter!("mpush_slow_consumer_closed_total").increment(1);
-                Err(slow())
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "slow consumer: write timed out",
+                ))
             }
         }
     }
 
     async fn event(&mut self, e: ServerEvent) {
-        let now = Instant::now();
+        let hub = self.gw.hub.clone();
         match e {
             ServerEvent::HandshakeCompleted {
                 device,
@@ -373,7 +235,7 @@ impl<T: Transport> Driver<T> {
                 profile,
             } => {
                 if let Some(s) = session {
-                    self.hub.sessions.put(s).await;
+                    hub.store_session(s).await;
                 }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
@@ -381,32 +243,26 @@ impl<T: Transport> Driver<T> {
             ServerEvent::DecryptRequested { ciphertext } => {
                 // Off the async workers (the address's budget is its
                 // connection rate), and never past the handshake deadline.
-                let deadline = tokio::time::Instant::from_std(
-                    self.accepted + self.hub.proto.handshake_timeout,
-                );
+                let deadline =
+                    tokio::time::Instant::from_std(self.accepted + hub.proto().handshake_timeout);
                 // Boxed: the connection task's future stays as small as an idle
                 // connection needs; this state exists only during a handshake.
-                let job = self.hub.rsa.decrypt(ciphertext);
-                let result = Box::pin(tokio::time::timeout_at(deadline, job)).await;
-                match (result, &mut self.machine) {
-                    (Ok(Ok(plain)), Machine::Binary(m)) => {
-                        m.handle_decrypt_result(plain, Instant::now())
-                    }
-                    (Ok(Err(refused)), m) => {
+                let job = self.gw.rsa.decrypt(ciphertext);
+                match Box::pin(tokio::time::timeout_at(deadline, job)).await {
+                    Ok(Ok(plain)) => self.machine.handle_decrypt_result(plain, Instant::now()),
+                    Ok(Err(refused)) => {
                         debug!(peer = %self.peer, %refused, "handshake refused");
-                        m.close();
+                        self.machine.close();
                     }
-                    (_, m) => {
+                    Err(_) => {
                         debug!(peer = %self.peer, "handshake deadline passed waiting for RSA");
-                        m.close();
+                        self.machine.close();
                     }
                 }
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
-                let record = self.hub.sessions.get(&session_id).await;
-                if let Machine::Binary(m) = &mut self.machine {
-                    m.handle_resume_result(record, now);
-                }
+                let record = Box::pin(hub.session(&session_id)).await;
+                self.machine.handle_resume_result(record, Instant::now());
             }
             ServerEvent::Resumed {
                 device,
@@ -416,9 +272,10 @@ impl<T: Transport> Driver<T> {
             } => {
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "fast").increment(1);
-                if replaces.is_some() || session.is_some() {
-                    // Boxed: only a resuming connection carries this state.
-                    Box::pin(self.rotate_ticket(session, replaces)).await;
+                if (replaces.is_some() || session.is_some())
+                    && !Box::pin(hub.rotate_session(replaces, session)).await
+                {
+                    self.machine.close();
                 }
             }
             ServerEvent::BindRequested {
@@ -426,15 +283,13 @@ impl<T: Transport> Driver<T> {
                 user_id,
                 tags,
                 token,
-                previous_user,
-            } => {
-                self.bind(request, user_id, tags, token, previous_user)
-                    .await;
-            }
+                ..
+            } => Box::pin(self.bind(request, user_id, tags, token)).await,
             ServerEvent::UnbindRequested { request, user_id } => {
-                let ok = self.hub.registry.unbind(&user_id, self.conn_id);
-                self.forget_route(&user_id).await;
-                if ok || self.user.as_deref() == Some(user_id.as_str()) {
+                if let Some(info) = &self.info {
+                    hub.unbind(&user_id, info).await;
+                }
+                if self.user.as_deref() == Some(user_id.as_str()) {
                     self.user = None;
                 }
                 self.machine.handle_unbind_result(request, true);
@@ -442,42 +297,21 @@ impl<T: Transport> Driver<T> {
             ServerEvent::UpPush { .. } => {
                 metrics::counter!("mpush_up_pushes_total").increment(1);
             }
-            ServerEvent::HttpProxy { .. } => {}
-            ServerEvent::Acked { message_id } => self.acked(message_id).await,
-            ServerEvent::PushRetried {
-                message_id,
-                attempt,
-            } => {
-                metrics::counter!("mpush_push_retries_total").increment(1);
-                // Each resend shows in the trace's history (the state stays DISPATCHED).
-                if let Some(s) = self.sent.get(&message_id) {
-                    let trace_id = s.trace_id.clone();
-                    let (user, device, ct) = self.who();
-                    self.hub
-                        .trace(
-                            &trace_id,
-                            &user,
-                            &device,
-                            ct,
-                            TraceState::Dispatched,
-                            Some(format!("resent (retry {attempt})")),
-                        )
-                        .await;
+            ServerEvent::Acked { push } => {
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    hub.settle_acked(user, info, &push).await;
                 }
             }
-            ServerEvent::PushTimedOut { message_id } => {
-                if let Some(s) = self.sent.remove(&message_id) {
-                    let (user, device, ct) = self.who();
-                    self.hub
-                        .trace(
-                            &s.trace_id,
-                            &user,
-                            &device,
-                            ct,
-                            TraceState::Timeout,
-                            Some("no ACK after every retry".into()),
-                        )
-                        .await;
+            ServerEvent::PushRetried {
+                trace_id, attempt, ..
+            } => {
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    hub.settle_retried(user, info, &trace_id, attempt);
+                }
+            }
+            ServerEvent::PushTimedOut { push } => {
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    hub.settle_timed_out(user, info, &push);
                 }
             }
             ServerEvent::Closed { reason, unacked } => {
@@ -488,206 +322,62 @@ impl<T: Transport> Driver<T> {
                 ) {
                     metrics::counter!("mpush_protocol_errors_total").increment(1);
                 }
-                // Pushes still waiting for an ACK stay in the inbox (if they
-                // had a TTL) and are re-sent on the next bind. On shutdown,
-                // every un-ACKed push is kept, with the session TTL if it had none.
-                let (user, device, ct) = self.who();
-                for id in unacked {
-                    if let Some(s) = self.sent.remove(&id) {
-                        if self.draining && !user.is_empty() {
-                            let keep =
-                                i64::try_from(self.hub.cfg.settings.delivery.session_ttl_secs)
-                                    .unwrap_or(86_400)
-                                    * 1000;
-                            let expires_at_ms = match i64::try_from(s.expires_at_ms).unwrap_or(0) {
-                                0 => unix_ms() + keep,
-                                t => t,
-                            };
-                            let kept = crate::store::StoredMessage {
-                                message_id: id,
-                                trace_id: s.trace_id.clone(),
-                                content: s.content.clone(),
-                                ack_mode: s.ack_mode,
-                                client_type: None,
-                                expires_at_ms,
-                            };
-                            if self.hub.inbox.push(&user, kept).await.is_err() {
-                                metrics::counter!("mpush_inbox_full_total").increment(1);
-                            }
-                        }
-                        self.hub
-                            .trace(
-                                &s.trace_id,
-                                &user,
-                                &device,
-                                ct,
-                                TraceState::Offline,
-                                Some("connection closed before the ACK".into()),
-                            )
-                            .await;
-                    }
+                if let (Some(user), Some(info), false) =
+                    (&self.user, &self.info, unacked.is_empty())
+                {
+                    hub.settle_closed(user, info, unacked).await;
                 }
             }
             _ => {}
         }
     }
 
-    /// v2 tickets are single-use: whoever deletes the old session first
-    /// keeps the connection; a concurrent replay of the ticket loses it.
-    async fn rotate_ticket(&mut self, next: Option<SessionRecord>, replaces: Option<String>) {
-        if let Some(old) = replaces
-            && !self.hub.sessions.remove(&old).await
-        {
-            metrics::counter!("mpush_resume_replays_total").increment(1);
-            self.machine.close();
-            return;
-        }
-        if let Some(s) = next {
-            self.hub.sessions.put(s).await;
-        }
-    }
-
-    fn set_info(&mut self, device: mpush_protocol::session::DeviceInfo, profile: Profile) {
+    fn set_info(&mut self, device: DeviceInfo, profile: Profile) {
         self.info = Some(Arc::new(ConnInfo {
             id: self.conn_id,
             client_type: device.client_type(),
+            device_id: device.device_id.as_str().into(),
             device,
             profile,
             transport: T::NAME,
             connected_at_ms: unix_ms(),
-            tags: RwLock::new(String::new()),
+            tags: RwLock::new(Arc::from("")),
         }));
     }
 
-    async fn bind(
-        &mut self,
-        request: i32,
-        user_id: String,
-        tags: String,
-        token: String,
-        previous: Option<String>,
-    ) {
-        let Some(info) = self.info.clone() else {
+    async fn bind(&mut self, request: i32, user_id: String, tags: String, token: String) {
+        let (Some(info), Some(tx)) = (self.info.clone(), self.tx.clone()) else {
             return;
         };
-        let grant = match self
-            .hub
-            .cfg
-            .bind_auth
-            .check(&user_id, info.client_type, &token)
-        {
-            Ok(g) => g,
+        let hub = self.gw.hub.clone();
+        let result = hub
+            .bind(&info, &tx, &user_id, tags, &token, self.user.as_ref())
+            .await;
+        let user = match result {
+            Ok(u) => u,
             Err(reason) => {
-                metrics::counter!("mpush_bind_refused_total").increment(1);
                 debug!(conn = self.conn_id, peer = %self.peer, %reason, "bind refused");
                 self.machine
                     .handle_bind_result(request, &user_id, Err(reason));
                 return;
             }
         };
-        let tags = grant.tags.unwrap_or(tags);
-        if let Some(prev) = previous.filter(|p| *p != user_id) {
-            self.hub.registry.unbind(&prev, self.conn_id);
-        }
-        *info.tags.write() = tags;
-        let Some(tx) = self.tx.clone() else {
-            return;
-        };
-        let handle = ConnHandle {
-            info: info.clone(),
-            tx,
-        };
-        if let Some(old) = self.hub.registry.bind(&user_id, handle) {
-            // mpush 7.4: the older connection of the same client type is told
-            // who replaced it; it stays open (its client decides).
-            let _ = old.tx.try_send(ConnCommand::Kicked(Box::new(Kick {
-                device_id: old.info.device.device_id.clone(),
-                user_id: user_id.clone(),
-            })));
-            metrics::counter!("mpush_kicks_total").increment(1);
-        }
-        if let Some(cl) = self.hub.cluster.get() {
-            // The route table; a route of the same client type on another
-            // node means a login elsewhere: kick it there (mpush 7.4).
-            match cl
-                .route_set(
-                    &user_id,
-                    info.client_type,
-                    self.conn_id,
-                    &info.device.device_id,
-                )
-                .await
-            {
-                Ok(Some(old)) if old.node != cl.node_id => {
-                    let kick = serde_json::json!({"userId": user_id, "clientType": old.client_type, "connId": old.conn_id.to_string()});
-                    let _ = cl
-                        .publish(&format!("mp:kick:{}", old.node), kick.to_string())
-                        .await;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "route table unavailable; bound locally only"),
-            }
-        }
-        self.user = Some(user_id.clone());
+        self.user = Some(user.clone());
         self.machine.handle_bind_result(request, &user_id, Ok(()));
         info!(conn = self.conn_id, user = %user_id, device = %info.device.device_id, "bound");
         // The offline inbox, in order.
-        let now = Instant::now();
-        for m in self.hub.pending_for(&user_id, info.client_type).await {
-            let push = OutboundPush {
-                message_id: m.message_id,
-                trace_id: m.trace_id,
-                content: m.content,
-                ack_mode: m.ack_mode,
-                expires_at_ms: u64::try_from(m.expires_at_ms).unwrap_or(0),
-                ack_timeout: None,
-            };
-            if m.ack_mode == AckMode::None {
-                self.hub.inbox.remove(&user_id, m.message_id).await;
-            }
-            self.push(push, now);
-        }
-    }
-
-    async fn acked(&mut self, message_id: u64) {
-        let Some(s) = self.sent.remove(&message_id) else {
-            return;
-        };
-        let (user, device, ct) = self.who();
-        let state = if s.ack_mode == AckMode::Biz {
-            TraceState::Ack
-        } else {
-            TraceState::Delivered
-        };
-        self.hub
-            .trace(&s.trace_id, &user, &device, ct, state, None)
-            .await;
-        self.hub.inbox.remove(&user, message_id).await;
-        metrics::counter!("mpush_acks_total").increment(1);
-    }
-
-    async fn forget_route(&self, user: &str) {
-        if let (Some(cl), Some(info)) = (self.hub.cluster.get(), &self.info) {
-            cl.route_del(user, info.client_type, &cl.node_id, self.conn_id)
-                .await;
+        for push in hub.replay_inbox(&user, &info).await {
+            self.push(push);
         }
     }
 
     async fn finish(&mut self) {
-        if let Some(user) = self.user.take() {
-            self.hub.registry.unbind(&user, self.conn_id);
-            self.forget_route(&user).await;
+        if let (Some(user), Some(info)) = (self.user.take(), &self.info) {
+            self.gw.hub.unbind(&user, info).await;
         }
         self.tx = None;
-        self.hub.connections.fetch_sub(1, Ordering::Relaxed);
+        self.gw.hub.closed_conn();
     }
-}
-
-fn slow() -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "slow consumer: write timed out",
-    )
 }
 
 async fn sleep_opt(at: Option<tokio::time::Instant>) {

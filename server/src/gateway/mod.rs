@@ -1,13 +1,14 @@
-//! The access layer: listeners, per-connection drivers, the registry, limits.
+//! The access layer: listeners, per-connection drivers, limits. A driver
+//! moves bytes and time into its connection's machine and carries the output
+//! out; what a client asks for (bind, resume) and what became of a push are
+//! handed to the logic layer, which decides.
 
 pub mod conn;
 pub mod limits;
-pub mod registry;
 pub mod transport;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -16,9 +17,37 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
-use crate::push::Hub;
-use limits::{IpRateLimit, IpSlot};
+use crate::logic::Hub;
+use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
 use transport::{Tcp, Ws};
+
+/// What every connection of this node shares: the logic layer and the
+/// gateway's own limits.
+pub struct Gateway {
+    pub hub: Arc<Hub>,
+    /// Open connections per client address.
+    per_ip: Arc<PerIp>,
+    /// Handshake RSA work, off the async workers.
+    rsa: RsaPool,
+}
+
+impl Gateway {
+    pub fn new(hub: Arc<Hub>) -> Arc<Self> {
+        let l = &hub.cfg().settings.limits;
+        let workers = match l.rsa_workers {
+            // Two per core: RSA threads are preempted like any other, so the
+            // async workers keep their share, and the hand-off per handshake
+            // does not leave cores idle.
+            0 => 2 * std::thread::available_parallelism().map_or(2, usize::from),
+            n => n,
+        };
+        Arc::new(Self {
+            per_ip: PerIp::new(l.max_connections_per_ip),
+            rsa: RsaPool::new(hub.cfg().private_key.clone(), workers, l.rsa_queue),
+            hub,
+        })
+    }
+}
 
 /// Which kind of listener.
 #[derive(Clone, Copy, Debug)]
@@ -33,11 +62,12 @@ pub enum Kind {
 pub async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
-    hub: Arc<Hub>,
+    gw: Arc<Gateway>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let limit = IpRateLimit::new(hub.cfg.settings.limits.handshakes_per_ip);
-    let max = hub.cfg.settings.limits.max_connections;
+    let hub = gw.hub.clone();
+    let limit = IpRateLimit::new(hub.cfg().settings.limits.handshakes_per_ip);
+    let max = hub.cfg().settings.limits.max_connections;
     let mut last_warn: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
@@ -57,13 +87,13 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        if hub.connections.load(Ordering::Relaxed) >= max {
+        if hub.connections() >= max {
             metrics::counter!("mpush_connections_refused_total", "reason" => "max_connections")
                 .increment(1);
             drop(stream);
             continue;
         }
-        let Some(slot) = hub.per_ip.acquire(peer.ip()) else {
+        let Some(slot) = gw.per_ip.acquire(peer.ip()) else {
             metrics::counter!("mpush_connections_refused_total", "reason" => "per_ip").increment(1);
             drop(stream);
             continue;
@@ -73,16 +103,15 @@ pub async fn accept_loop(
             drop(stream);
             continue;
         }
-        hub.connections.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("mpush_connections_total").increment(1);
-        tune(&stream, hub.cfg.settings.limits.tcp_keepalive_secs);
-        let hub = hub.clone();
+        let conn_id = hub.opened();
+        tune(&stream, hub.cfg().settings.limits.tcp_keepalive_secs);
+        let gw = gw.clone();
         match kind {
             Kind::Tcp => {
-                tokio::spawn(conn::serve(Tcp(stream), hub, peer, slot));
+                tokio::spawn(conn::serve(Tcp(stream), gw, conn_id, peer, slot));
             }
             Kind::Ws => {
-                tokio::spawn(upgrade(stream, hub, peer, slot));
+                tokio::spawn(upgrade(stream, gw, conn_id, peer, slot));
             }
         }
     }
@@ -101,8 +130,14 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
     }
 }
 
-async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr, slot: IpSlot) {
-    let l = &hub.cfg.settings.limits;
+async fn upgrade(
+    stream: TcpStream,
+    gw: Arc<Gateway>,
+    conn_id: u64,
+    peer: SocketAddr,
+    slot: IpSlot,
+) {
+    let l = &gw.hub.cfg().settings.limits;
     let config = WebSocketConfig::default()
         .read_buffer_size(l.ws_read_buffer)
         .write_buffer_size(0)
@@ -110,115 +145,11 @@ async fn upgrade(stream: TcpStream, hub: Arc<Hub>, peer: SocketAddr, slot: IpSlo
         .max_frame_size(Some(l.max_packet_size + 64));
     let handshake = tokio_tungstenite::accept_async_with_config(stream, Some(config));
     match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-        Ok(Ok(ws)) => conn::serve(Ws(ws), hub, peer, slot).await,
+        Ok(Ok(ws)) => conn::serve(Ws(ws), gw, conn_id, peer, slot).await,
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "websocket upgrade failed");
-            hub.connections.fetch_sub(1, Ordering::Relaxed);
+            gw.hub.closed_conn();
         }
-        Err(_) => {
-            hub.connections.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The node-to-node port (cluster mode): NODE_PUSH in, OK/ERROR out.
-pub async fn internal_loop(
-    listener: TcpListener,
-    hub: Arc<Hub>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    // Peers hold one pipelined connection each; this bounds what a stranger
-    // can open before failing to authenticate.
-    let peers = Arc::new(tokio::sync::Semaphore::new(256));
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.changed() => return,
-            r = listener.accept() => r,
-        };
-        let Ok((stream, peer)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        let Ok(permit) = peers.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let hub = hub.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            serve_peer(stream, peer, hub).await;
-        });
-    }
-}
-
-async fn serve_peer(mut stream: TcpStream, peer: SocketAddr, hub: Arc<Hub>) {
-    // Authenticated before a single push is read.
-    let c = &hub.cfg.settings.cluster;
-    let limit = Duration::from_millis(c.timeout_ms);
-    if let Err(e) = crate::cluster::node_auth::accept(&mut stream, &c.secret, limit).await {
-        metrics::counter!("mpush_node_auth_refused_total").increment(1);
-        warn!(%peer, error = %e, "node port: peer refused");
-        return;
-    }
-    use bytes::BytesMut;
-    use mpush_protocol::message::{Body, ErrorCode, ErrorMessage, OkMessage};
-    use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let decoder = Decoder::new(hub.cfg.settings.limits.max_packet_size + 1024);
-    let mut inbuf = BytesMut::with_capacity(4096);
-    loop {
-        match stream.read_buf(&mut inbuf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let mut out = BytesMut::new();
-        loop {
-            let frame = match decoder.decode(&mut inbuf) {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(_) => return,
-            };
-            let Frame::Packet(p) = frame else { continue };
-            let reply = if p.cmd != Command::NODE_PUSH {
-                Packet::new(
-                    Command::ERROR,
-                    p.session_id,
-                    Flags::NONE,
-                    ErrorMessage::new(p.cmd, ErrorCode::UNSUPPORTED_CMD).to_bytes(),
-                )
-            } else {
-                match prost::Message::decode(p.body.clone()) {
-                    Ok(push) => {
-                        if hub.deliver_local(push).await > 0 {
-                            Packet::new(
-                                Command::OK,
-                                p.session_id,
-                                Flags::NONE,
-                                OkMessage::new(Command::NODE_PUSH, "delivered").to_bytes(),
-                            )
-                        } else {
-                            Packet::new(
-                                Command::ERROR,
-                                p.session_id,
-                                Flags::NONE,
-                                ErrorMessage::new(Command::NODE_PUSH, ErrorCode::OFFLINE)
-                                    .to_bytes(),
-                            )
-                        }
-                    }
-                    Err(_) => Packet::new(
-                        Command::ERROR,
-                        p.session_id,
-                        Flags::NONE,
-                        ErrorMessage::new(Command::NODE_PUSH, ErrorCode::DISPATCH_ERROR).to_bytes(),
-                    ),
-                }
-            };
-            Frame::Packet(reply).encode(&mut out);
-        }
-        if !out.is_empty() && stream.write_all(&out).await.is_err() {
-            return;
-        }
+        Err(_) => gw.hub.closed_conn(),
     }
 }

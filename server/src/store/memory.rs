@@ -2,16 +2,17 @@
 //! rules the Redis implementations apply.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use mpush_protocol::session::SessionRecord;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use super::{
-    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicFull, TopicStore,
-    TraceEvent, TraceState, TraceStore, TraceView,
+    BroadcastView, Failure, InboxError, InboxStore, MAX_FAILURES, RecipientState, SessionStore,
+    StateCounts, StoreError, StoredMessage, TopicFull, TopicStore, TraceCounts, TraceEvent,
+    TraceState, TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
 
@@ -72,7 +73,7 @@ impl Default for MemorySessions {
 
 #[async_trait]
 impl SessionStore for MemorySessions {
-    async fn put(&self, record: SessionRecord) {
+    async fn put(&self, record: SessionRecord) -> Result<(), StoreError> {
         let mut g = self.inner.lock();
         let m = &mut *g;
         let size = session_bytes(&record);
@@ -108,27 +109,29 @@ impl SessionStore for MemorySessions {
             let live = &m.map;
             m.order.retain(|id| live.contains_key(id));
         }
+        Ok(())
     }
 
-    async fn remove(&self, session_id: &str) -> bool {
+    async fn remove(&self, session_id: &str) -> Result<bool, StoreError> {
         let mut g = self.inner.lock();
-        match g.map.remove(session_id) {
+        Ok(match g.map.remove(session_id) {
             Some(old) => {
                 g.bytes -= session_bytes(&old);
                 true
             }
             None => false,
-        }
+        })
     }
 
-    async fn get(&self, session_id: &str) -> Option<SessionRecord> {
+    async fn get(&self, session_id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let now = unix_ms();
-        self.inner
+        Ok(self
+            .inner
             .lock()
             .map
             .get(session_id)
             .filter(|r| r.expire_at_ms > now)
-            .cloned()
+            .cloned())
     }
 }
 
@@ -137,9 +140,11 @@ struct TraceEntry {
     expires_at_ms: i64,
     recipients: Vec<RecipientState>,
     /// (user, device) → index in `recipients`; a device-less offline
-    /// placeholder is under (user, ""). A broadcast records one event per
-    /// recipient: finding it must not scan them all.
-    index: HashMap<(String, String), usize>,
+    /// placeholder is under (user, "").
+    index: FxHashMap<(Arc<str>, Arc<str>), usize>,
+    /// A broadcast's counts per node, and its failures.
+    counts: FxHashMap<Arc<str>, StateCounts>,
+    failures: Vec<Failure>,
     /// What this entry costs, roughly (counted into `MemoryTraces::bytes`).
     size: usize,
 }
@@ -147,19 +152,134 @@ struct TraceEntry {
 /// History entries kept per recipient: the first ones and the latest.
 const MAX_HISTORY: usize = 16;
 
-fn event_bytes(detail: Option<&String>) -> usize {
-    32 + detail.map_or(0, String::len)
+fn event_bytes(detail: Option<&str>) -> usize {
+    32 + detail.map_or(0, str::len)
 }
 
 pub struct MemoryTraces {
     ttl_ms: i64,
     /// Oldest traces are forgotten beyond this many (memory stays bounded).
     max: usize,
-    map: Mutex<HashMap<String, TraceEntry>>,
-    /// Creation order, for expiry.
-    order: Mutex<VecDeque<(i64, String)>>,
     max_bytes: usize,
-    bytes: AtomicUsize,
+    inner: Mutex<TraceMap>,
+}
+
+#[derive(Default)]
+struct TraceMap {
+    map: FxHashMap<Arc<str>, TraceEntry>,
+    /// Creation order, for expiry.
+    order: VecDeque<(i64, Arc<str>)>,
+    bytes: usize,
+}
+
+impl TraceMap {
+    fn forget(&mut self, id: &str) {
+        if let Some(e) = self.map.remove(id) {
+            self.bytes -= e.size;
+        }
+    }
+
+    /// Oldest traces go while over the byte bound.
+    fn shrink(&mut self, max_bytes: usize) {
+        while self.bytes > max_bytes {
+            let Some((_, id)) = self.order.pop_front() else {
+                return;
+            };
+            self.forget(&id);
+            metrics::counter!("mpush_traces_evicted_total").increment(1);
+        }
+    }
+
+    fn expire(&mut self, now: i64) {
+        while self.order.front().is_some_and(|(exp, _)| *exp <= now) {
+            if let Some((_, id)) = self.order.pop_front()
+                && self.map.get(&id).is_some_and(|e| e.expires_at_ms <= now)
+            {
+                self.forget(&id);
+            }
+        }
+    }
+
+    /// Applies one event; returns the bytes it added.
+    fn record(&mut self, e: &TraceEvent) -> usize {
+        let Some(entry) = self.map.get_mut(&e.trace_id) else {
+            return 0;
+        };
+        let key = (e.user_id.clone(), e.device_id.clone());
+        // The offline placeholder (no device) becomes the device that got it.
+        let idx = entry.index.get(&key).copied().or_else(|| {
+            let placeholder = (e.user_id.clone(), Arc::<str>::from(""));
+            let i = entry.index.remove(&placeholder)?;
+            entry.index.insert(key.clone(), i);
+            Some(i)
+        });
+        let detail = e.detail.as_deref().map(str::to_owned);
+        let added = match idx {
+            Some(i) => {
+                let r = &mut entry.recipients[i];
+                if r.device_id.is_empty() {
+                    r.device_id = e.device_id.to_string();
+                    r.client_type = e.client_type;
+                }
+                // Keep how it started and how it is going.
+                let dropped = if r.history.len() >= MAX_HISTORY {
+                    event_bytes(r.history.remove(MAX_HISTORY / 2).2.as_deref())
+                } else {
+                    0
+                };
+                let added = event_bytes(detail.as_deref()).saturating_sub(dropped);
+                r.history.push((e.state, e.at_ms, detail.clone()));
+                if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
+                    r.state = e.state;
+                    r.detail = detail;
+                    r.updated_at_ms = e.at_ms;
+                }
+                added
+            }
+            None => {
+                let added = 160
+                    + 3 * (e.user_id.len() + e.device_id.len())
+                    + 2 * event_bytes(detail.as_deref());
+                entry.index.insert(key, entry.recipients.len());
+                entry.recipients.push(RecipientState {
+                    user_id: e.user_id.to_string(),
+                    device_id: e.device_id.to_string(),
+                    client_type: e.client_type,
+                    state: e.state,
+                    detail: detail.clone(),
+                    updated_at_ms: e.at_ms,
+                    history: vec![(e.state, e.at_ms, detail)],
+                });
+                added
+            }
+        };
+        entry.size += added;
+        added
+    }
+
+    fn count(&mut self, c: &TraceCounts) -> usize {
+        let Some(entry) = self.map.get_mut(&c.trace_id) else {
+            return 0;
+        };
+        let mut added = 0;
+        entry
+            .counts
+            .entry(c.node.clone())
+            .or_insert_with(|| {
+                added += 96 + c.node.len();
+                StateCounts::default()
+            })
+            .merge(&c.counts);
+        for f in &c.failures {
+            if entry.failures.len() >= MAX_FAILURES * entry.counts.len().max(1) {
+                break;
+            }
+            added += 64 + f.user_id.len() + f.device_id.len();
+            entry.failures.push(f.clone());
+        }
+        entry.size += added;
+        added
+    }
 }
 
 impl MemoryTraces {
@@ -167,45 +287,14 @@ impl MemoryTraces {
         Self {
             ttl_ms: i64::try_from(ttl_secs).unwrap_or(i64::MAX / 1000) * 1000,
             max: max.max(1),
-            map: Mutex::new(HashMap::new()),
-            order: Mutex::new(VecDeque::new()),
             max_bytes,
-            bytes: AtomicUsize::new(0),
+            inner: Mutex::new(TraceMap::default()),
         }
     }
 
     /// Bytes held by traces, roughly.
     pub fn bytes(&self) -> usize {
-        self.bytes.load(Relaxed)
-    }
-
-    fn forget(&self, map: &mut HashMap<String, TraceEntry>, id: &str) {
-        if let Some(e) = map.remove(id) {
-            self.bytes.fetch_sub(e.size, Relaxed);
-        }
-    }
-
-    /// Oldest traces go while over the byte bound.
-    fn shrink(&self) {
-        while self.bytes() > self.max_bytes {
-            let Some((_, id)) = self.order.lock().pop_front() else {
-                return;
-            };
-            self.forget(&mut self.map.lock(), &id);
-            metrics::counter!("mpush_traces_evicted_total").increment(1);
-        }
-    }
-
-    fn expire(&self, now: i64) {
-        let mut order = self.order.lock();
-        while order.front().is_some_and(|(exp, _)| *exp <= now) {
-            if let Some((_, id)) = order.pop_front() {
-                let mut map = self.map.lock();
-                if map.get(&id).is_some_and(|e| e.expires_at_ms <= now) {
-                    self.forget(&mut map, &id);
-                }
-            }
-        }
+        self.inner.lock().bytes
     }
 }
 
@@ -218,112 +307,106 @@ fn overall(recipients: &[RecipientState]) -> TraceState {
         .unwrap_or(TraceState::Accepted)
 }
 
-impl MemoryTraces {
-    /// Applies one event under the map's lock; returns the bytes it added.
-    fn record_locked(&self, e: TraceEvent<'_>) -> usize {
-        let mut map = self.map.lock();
-        let Some(entry) = map.get_mut(e.trace_id) else {
-            return 0;
-        };
-        let key = (e.user_id.to_owned(), e.device_id.to_owned());
-        // The offline placeholder (no device) becomes the device that got it.
-        let idx = entry.index.get(&key).copied().or_else(|| {
-            let placeholder = (e.user_id.to_owned(), String::new());
-            let i = entry.index.remove(&placeholder)?;
-            entry.index.insert(key.clone(), i);
-            Some(i)
-        });
-        let added = match idx {
-            Some(i) => {
-                let r = &mut entry.recipients[i];
-                if r.device_id.is_empty() {
-                    r.device_id = e.device_id.to_owned();
-                    r.client_type = e.client_type;
-                }
-                // Keep how it started and how it is going.
-                let dropped = if r.history.len() >= MAX_HISTORY {
-                    event_bytes(r.history.remove(MAX_HISTORY / 2).2.as_ref())
-                } else {
-                    0
-                };
-                let added = event_bytes(e.detail.as_ref()).saturating_sub(dropped);
-                r.history.push((e.state, e.at_ms, e.detail.clone()));
-                if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
-                    r.state = e.state;
-                    r.detail = e.detail;
-                    r.updated_at_ms = e.at_ms;
-                }
-                added
-            }
-            None => {
-                let added = 160
-                    + 3 * (e.user_id.len() + e.device_id.len())
-                    + 2 * event_bytes(e.detail.as_ref());
-                entry.index.insert(key, entry.recipients.len());
-                entry.recipients.push(RecipientState {
-                    user_id: e.user_id.to_owned(),
-                    device_id: e.device_id.to_owned(),
-                    client_type: e.client_type,
-                    state: e.state,
-                    detail: e.detail.clone(),
-                    updated_at_ms: e.at_ms,
-                    history: vec![(e.state, e.at_ms, e.detail.clone())],
-                });
-                added
-            }
-        };
-        entry.size += added;
-        added
+/// A trace's view: its recipients, or a broadcast's counts.
+pub(crate) fn view(
+    trace_id: &str,
+    created_at_ms: i64,
+    recipients: Vec<RecipientState>,
+    nodes: Vec<(String, StateCounts)>,
+    failures: Vec<Failure>,
+) -> TraceView {
+    let mut state = overall(&recipients);
+    let broadcast = (!nodes.is_empty()).then(|| {
+        let mut total = StateCounts::default();
+        for (_, c) in &nodes {
+            total.merge(c);
+        }
+        if recipients.is_empty() {
+            state = total.overall();
+        }
+        BroadcastView {
+            total: total.named(),
+            nodes: nodes.into_iter().map(|(n, c)| (n, c.named())).collect(),
+            failures,
+        }
+    });
+    TraceView {
+        trace_id: trace_id.to_owned(),
+        created_at_ms,
+        state,
+        recipients,
+        broadcast,
     }
 }
 
 #[async_trait]
 impl TraceStore for MemoryTraces {
-    async fn create(&self, trace_id: &str, at_ms: i64) {
-        self.expire(at_ms);
+    async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError> {
+        let mut m = self.inner.lock();
+        m.expire(at_ms);
         let expires_at_ms = at_ms.saturating_add(self.ttl_ms);
         let size = 64 + 2 * trace_id.len();
-        if let std::collections::hash_map::Entry::Vacant(v) =
-            self.map.lock().entry(trace_id.to_owned())
-        {
+        let id: Arc<str> = trace_id.into();
+        if let std::collections::hash_map::Entry::Vacant(v) = m.map.entry(id.clone()) {
             v.insert(TraceEntry {
                 created_at_ms: at_ms,
                 expires_at_ms,
                 recipients: Vec::new(),
-                index: HashMap::new(),
+                index: FxHashMap::default(),
+                counts: FxHashMap::default(),
+                failures: Vec::new(),
                 size,
             });
-            self.bytes.fetch_add(size, Relaxed);
+            m.bytes += size;
         }
-        let mut order = self.order.lock();
-        order.push_back((expires_at_ms, trace_id.to_owned()));
-        while order.len() > self.max {
-            if let Some((_, old)) = order.pop_front() {
-                self.forget(&mut self.map.lock(), &old);
+        m.order.push_back((expires_at_ms, id));
+        while m.order.len() > self.max {
+            if let Some((_, old)) = m.order.pop_front() {
+                m.forget(&old);
             }
         }
-        drop(order);
-        self.shrink();
+        m.shrink(self.max_bytes);
+        Ok(())
     }
 
-    async fn record(&self, e: TraceEvent<'_>) {
-        let added = self.record_locked(e);
-        if added > 0 {
-            self.bytes.fetch_add(added, Relaxed);
-            self.shrink();
+    async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
+        let mut m = self.inner.lock();
+        let mut added = 0;
+        for e in events {
+            added += m.record(e);
         }
+        m.bytes += added;
+        m.shrink(self.max_bytes);
+        Ok(())
     }
 
-    async fn get(&self, trace_id: &str) -> Option<TraceView> {
-        self.expire(unix_ms());
-        let map = self.map.lock();
-        let e = map.get(trace_id)?;
-        Some(TraceView {
-            trace_id: trace_id.to_owned(),
-            created_at_ms: e.created_at_ms,
-            state: overall(&e.recipients),
-            recipients: e.recipients.clone(),
-        })
+    async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError> {
+        let mut m = self.inner.lock();
+        let mut added = 0;
+        for c in counts {
+            added += m.count(c);
+        }
+        m.bytes += added;
+        m.shrink(self.max_bytes);
+        Ok(())
+    }
+
+    async fn get(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError> {
+        let mut m = self.inner.lock();
+        m.expire(unix_ms());
+        let Some(e) = m.map.get(trace_id) else {
+            return Ok(None);
+        };
+        let mut nodes: Vec<(String, StateCounts)> =
+            e.counts.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+        nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(view(
+            trace_id,
+            e.created_at_ms,
+            e.recipients.clone(),
+            nodes,
+            e.failures.clone(),
+        )))
     }
 }
 
@@ -343,7 +426,7 @@ impl MemoryInbox {
 
 #[async_trait]
 impl InboxStore for MemoryInbox {
-    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxFull> {
+    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxError> {
         let now = unix_ms();
         let mut map = self.map.lock();
         let q = map.entry(user_id.to_owned()).or_default();
@@ -352,29 +435,29 @@ impl InboxStore for MemoryInbox {
             return Ok(());
         }
         if q.len() >= self.max {
-            return Err(InboxFull(user_id.to_owned()));
+            return Err(InboxError::Full(user_id.to_owned()));
         }
         q.push_back(message);
         Ok(())
     }
 
-    async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage> {
+    async fn list(&self, user_id: &str, now_ms: i64) -> Result<Vec<StoredMessage>, StoreError> {
         let mut map = self.map.lock();
         let Some(q) = map.get_mut(user_id) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         q.retain(|m| m.expires_at_ms > now_ms);
         let out: Vec<StoredMessage> = q.iter().cloned().collect();
         if q.is_empty() {
             map.remove(user_id);
         }
-        out
+        Ok(out)
     }
 
-    async fn remove(&self, user_id: &str, message_id: u64) -> bool {
+    async fn remove(&self, user_id: &str, message_id: u64) -> Result<bool, StoreError> {
         let mut map = self.map.lock();
         let Some(q) = map.get_mut(user_id) else {
-            return false;
+            return Ok(false);
         };
         let before = q.len();
         q.retain(|m| m.message_id != message_id);
@@ -382,11 +465,11 @@ impl InboxStore for MemoryInbox {
         if q.is_empty() {
             map.remove(user_id);
         }
-        removed
+        Ok(removed)
     }
 
-    async fn len(&self, user_id: &str) -> usize {
-        self.map.lock().get(user_id).map_or(0, VecDeque::len)
+    async fn len(&self, user_id: &str) -> Result<usize, StoreError> {
+        Ok(self.map.lock().get(user_id).map_or(0, VecDeque::len))
     }
 }
 
@@ -394,49 +477,92 @@ impl InboxStore for MemoryInbox {
 mod tests {
     use super::*;
 
+    fn ev(trace: &str, user: &str, detail: Option<&'static str>) -> TraceEvent {
+        TraceEvent {
+            trace_id: trace.into(),
+            user_id: user.into(),
+            device_id: "device".into(),
+            client_type: 1,
+            state: TraceState::Dispatched,
+            detail: detail.map(Into::into),
+            at_ms: unix_ms(),
+        }
+    }
+
     #[tokio::test]
     async fn traces_are_bounded_by_bytes_and_history() {
         let t = MemoryTraces::new(3600, 1_000_000, 64 << 10);
         for i in 0..200 {
             let id = format!("trace-{i}");
-            t.create(&id, unix_ms()).await;
-            for u in 0..20 {
-                let user = format!("user-{u}");
-                t.record(TraceEvent {
-                    trace_id: &id,
-                    user_id: &user,
-                    device_id: "device",
-                    client_type: 1,
-                    state: TraceState::Dispatched,
-                    detail: None,
-                    at_ms: unix_ms(),
-                })
-                .await;
-            }
+            t.create(&id, unix_ms()).await.expect("memory store");
+            let batch: Vec<TraceEvent> = (0..20)
+                .map(|u| ev(&id, &format!("user-{u}"), None))
+                .collect();
+            t.record(&batch).await.expect("memory store");
         }
         assert!(t.bytes() <= 64 << 10, "{}", t.bytes());
-        assert!(t.get("trace-0").await.is_none(), "the oldest went");
-        assert!(t.get("trace-199").await.is_some(), "the newest stays");
+        assert!(
+            t.get("trace-0").await.expect("memory store").is_none(),
+            "the oldest went"
+        );
+        assert!(
+            t.get("trace-199").await.expect("memory store").is_some(),
+            "the newest stays"
+        );
         // A retry storm does not grow one recipient's history without bound.
-        for _ in 0..1000 {
-            t.record(TraceEvent {
-                trace_id: "trace-199",
-                user_id: "user-1",
-                device_id: "device",
-                client_type: 1,
-                state: TraceState::Dispatched,
-                detail: Some("resent".into()),
-                at_ms: unix_ms(),
-            })
-            .await;
-        }
-        let v = t.get("trace-199").await.expect("kept");
+        let storm: Vec<TraceEvent> = (0..1000)
+            .map(|_| ev("trace-199", "user-1", Some("resent")))
+            .collect();
+        t.record(&storm).await.expect("memory store");
+        let v = t
+            .get("trace-199")
+            .await
+            .expect("memory store")
+            .expect("kept");
         let r = v
             .recipients
             .iter()
             .find(|r| r.user_id == "user-1")
             .expect("r");
         assert!(r.history.len() <= MAX_HISTORY);
+    }
+
+    #[tokio::test]
+    async fn broadcast_traces_are_counts_per_node_not_recipients() {
+        let t = MemoryTraces::new(3600, 1_000_000, 1 << 20);
+        t.create("b", unix_ms()).await.expect("memory store");
+        let mut counts = StateCounts::default();
+        counts.add(TraceState::Dispatched, 10_000);
+        counts.add(TraceState::Delivered, 9_999);
+        let failures = vec![Failure {
+            user_id: "u".into(),
+            device_id: "d".into(),
+            state: TraceState::Failed,
+            detail: Some("slow consumer".into()),
+        }];
+        counts.add(TraceState::Failed, 1);
+        let c = TraceCounts {
+            trace_id: "b".into(),
+            node: "n1".into(),
+            counts,
+            failures,
+        };
+        let before = t.bytes();
+        for _ in 0..100 {
+            t.count(std::slice::from_ref(&c))
+                .await
+                .expect("memory store");
+        }
+        assert!(
+            t.bytes() - before < 16 << 10,
+            "a broadcast costs a few KB, not 10k records: {}",
+            t.bytes()
+        );
+        let v = t.get("b").await.expect("memory store").expect("trace");
+        let b = v.broadcast.expect("broadcast view");
+        assert_eq!(b.total["DISPATCHED"], 1_000_000);
+        assert!(v.recipients.is_empty());
+        assert_eq!(v.state, TraceState::Delivered);
     }
 
     #[tokio::test]
@@ -456,17 +582,25 @@ mod tests {
             expire_at_ms: unix_ms() + 60_000,
         };
         for i in 0..2000 {
-            s.put(record(i, 16)).await;
+            s.put(record(i, 16)).await.expect("memory store");
         }
         assert_eq!(s.len(), 100);
         assert!(
-            s.get(&format!("{:032}", 0)).await.is_none(),
+            s.get(&format!("{:032}", 0))
+                .await
+                .expect("memory store")
+                .is_none(),
             "oldest forgotten"
         );
-        assert!(s.get(&format!("{:032}", 1999)).await.is_some());
+        assert!(
+            s.get(&format!("{:032}", 1999))
+                .await
+                .expect("memory store")
+                .is_some()
+        );
         let s = MemorySessions::new(1_000_000, 1 << 20);
         for i in 0..2000 {
-            s.put(record(i, 9000)).await;
+            s.put(record(i, 9000)).await.expect("memory store");
         }
         assert!(s.bytes() <= 1 << 20, "{}", s.bytes());
     }
@@ -481,7 +615,7 @@ mod tests {
             t.subscribe("c", "u").await,
             Err(TopicFull::User(..))
         ));
-        assert!(t.unsubscribe("b", "u").await);
+        assert!(t.unsubscribe("b", "u").await.expect("memory store"));
         assert_eq!(t.subscribe("c", "u").await, Ok(true), "a slot came back");
         for v in ["v", "w"] {
             assert_eq!(t.subscribe("a", v).await, Ok(true));
@@ -496,10 +630,16 @@ mod tests {
     async fn traces_are_bounded_by_count() {
         let t = MemoryTraces::new(3600, 2, 1 << 30);
         for id in ["a", "b", "c"] {
-            t.create(id, unix_ms()).await;
+            t.create(id, unix_ms()).await.expect("memory store");
         }
-        assert!(t.get("a").await.is_none(), "the oldest is forgotten");
-        assert!(t.get("b").await.is_some() && t.get("c").await.is_some());
+        assert!(
+            t.get("a").await.expect("memory store").is_none(),
+            "the oldest is forgotten"
+        );
+        assert!(
+            t.get("b").await.expect("memory store").is_some()
+                && t.get("c").await.expect("memory store").is_some()
+        );
     }
 }
 
@@ -558,11 +698,11 @@ impl TopicStore for MemoryTopics {
         Ok(true)
     }
 
-    async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
+    async fn unsubscribe(&self, topic: &str, user_id: &str) -> Result<bool, StoreError> {
         let mut g = self.inner.lock();
         let m = &mut *g;
         let Some(set) = m.topics.get_mut(topic) else {
-            return false;
+            return Ok(false);
         };
         let removed = set.remove(user_id);
         if set.is_empty() {
@@ -574,10 +714,10 @@ impl TopicStore for MemoryTopics {
                 m.users.remove(user_id);
             }
         }
-        removed
+        Ok(removed)
     }
 
-    async fn subscribers(&self, topic: &str) -> Vec<String> {
+    async fn subscribers(&self, topic: &str) -> Result<Vec<String>, StoreError> {
         let mut v: Vec<String> = self
             .inner
             .lock()
@@ -586,6 +726,6 @@ impl TopicStore for MemoryTopics {
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default();
         v.sort();
-        v
+        Ok(v)
     }
 }

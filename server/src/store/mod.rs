@@ -1,8 +1,15 @@
-//! Storage behind traits: the embedded in-memory default lives here; the Redis
-//! implementations (cluster mode) implement the same traits.
+//! Storage behind fallible traits: the embedded in-memory default lives here;
+//! the Redis implementations (cluster mode) implement the same traits. Every
+//! call says whether what was asked for is missing (`Ok(None)`, `Ok(false)`)
+//! or the store is down (`Err(StoreError)`), so the logic layer can tell the
+//! caller which.
 
 mod memory;
 pub mod redis;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -11,16 +18,36 @@ use serde::Serialize;
 
 pub use memory::{MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces};
 
+/// A store could not be reached (or answered nonsense).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{store} store unavailable: {reason}")]
+pub struct StoreError {
+    pub store: &'static str,
+    pub reason: String,
+}
+
+impl StoreError {
+    pub fn new(store: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            store,
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Resumable sessions (fast connect), keyed by session id.
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
-    async fn put(&self, record: SessionRecord);
-    async fn get(&self, session_id: &str) -> Option<SessionRecord>;
+    async fn put(&self, record: SessionRecord) -> Result<(), StoreError>;
+    async fn get(&self, session_id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// Deletes a session; true when this call deleted it (single-use tickets).
-    async fn remove(&self, session_id: &str) -> bool;
+    async fn remove(&self, session_id: &str) -> Result<bool, StoreError>;
 }
 
-/// The trace states of a message, per recipient device.
+/// The trace states of a message, per recipient device (the seed fork's
+/// states): ACCEPTED (the API took it), DISPATCHED (queued for a connection),
+/// DELIVERED (written to the socket), ACK (the client acknowledged it),
+/// TIMEOUT, FAILED, OFFLINE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TraceState {
@@ -34,16 +61,42 @@ pub enum TraceState {
 }
 
 impl TraceState {
+    pub const ALL: [Self; 7] = [
+        Self::Accepted,
+        Self::Dispatched,
+        Self::Delivered,
+        Self::Ack,
+        Self::Timeout,
+        Self::Failed,
+        Self::Offline,
+    ];
+
     /// Final states are not overwritten by late, lesser news (a retry after an ACK).
     pub(crate) fn rank(self) -> u8 {
         match self {
             Self::Accepted => 0,
             Self::Offline => 1,
             Self::Dispatched => 2,
-            Self::Timeout | Self::Failed => 3,
-            Self::Delivered => 4,
+            Self::Delivered => 3,
+            Self::Timeout | Self::Failed => 4,
             Self::Ack => 5,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Accepted => "ACCEPTED",
+            Self::Dispatched => "DISPATCHED",
+            Self::Delivered => "DELIVERED",
+            Self::Ack => "ACK",
+            Self::Timeout => "TIMEOUT",
+            Self::Failed => "FAILED",
+            Self::Offline => "OFFLINE",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == s)
     }
 }
 
@@ -63,6 +116,86 @@ pub struct RecipientState {
     pub history: Vec<(TraceState, i64, Option<String>)>,
 }
 
+/// How many recipients reached each state (a broadcast's trace, per node).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct StateCounts(pub [u64; 7]);
+
+impl StateCounts {
+    pub fn add(&mut self, s: TraceState, n: u64) {
+        self.0[s as usize] += n;
+    }
+
+    pub fn get(&self, s: TraceState) -> u64 {
+        self.0[s as usize]
+    }
+
+    pub fn merge(&mut self, o: &Self) {
+        for (a, b) in self.0.iter_mut().zip(o.0) {
+            *a += b;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|n| *n == 0)
+    }
+
+    /// The counts by state name, zero counts left out.
+    pub fn named(&self) -> BTreeMap<&'static str, u64> {
+        TraceState::ALL
+            .into_iter()
+            .filter(|s| self.get(*s) > 0)
+            .map(|s| (s.name(), self.get(s)))
+            .collect()
+    }
+
+    /// How far the broadcast got: every copy written, acknowledged, or still
+    /// under way.
+    pub fn overall(&self) -> TraceState {
+        use TraceState::*;
+        let dispatched = self.get(Dispatched);
+        if dispatched == 0 {
+            return if self.get(Offline) > 0 {
+                Offline
+            } else {
+                Accepted
+            };
+        }
+        let ended = self.get(Failed) + self.get(Timeout) + self.get(Offline);
+        if self.get(Ack) + ended >= dispatched && self.get(Ack) > 0 {
+            Ack
+        } else if self.get(Delivered) + ended >= dispatched && self.get(Delivered) > 0 {
+            Delivered
+        } else if ended >= dispatched {
+            Failed
+        } else {
+            Dispatched
+        }
+    }
+}
+
+/// A recipient of a broadcast that did not get it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub user_id: String,
+    pub device_id: String,
+    pub state: TraceState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Failures kept per node and broadcast; beyond, only counted.
+pub const MAX_FAILURES: usize = 100;
+
+/// A broadcast's trace: counts per node, and the failures by device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BroadcastView {
+    pub total: BTreeMap<&'static str, u64>,
+    pub nodes: BTreeMap<String, BTreeMap<&'static str, u64>>,
+    pub failures: Vec<Failure>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TraceView {
@@ -70,33 +203,48 @@ pub struct TraceView {
     pub created_at_ms: i64,
     pub state: TraceState,
     pub recipients: Vec<RecipientState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broadcast: Option<BroadcastView>,
 }
 
-/// One state change.
+/// One state change of one recipient. Owned and cheap to clone: the ids are
+/// shared with the connection and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceEvent<'a> {
-    pub trace_id: &'a str,
-    pub user_id: &'a str,
-    pub device_id: &'a str,
+pub struct TraceEvent {
+    pub trace_id: Arc<str>,
+    pub user_id: Arc<str>,
+    pub device_id: Arc<str>,
     pub client_type: i32,
     pub state: TraceState,
-    pub detail: Option<String>,
+    pub detail: Option<Cow<'static, str>>,
     pub at_ms: i64,
+}
+
+/// What one node adds to a broadcast's trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceCounts {
+    pub trace_id: Arc<str>,
+    pub node: Arc<str>,
+    pub counts: StateCounts,
+    pub failures: Vec<Failure>,
 }
 
 #[async_trait]
 pub trait TraceStore: Send + Sync + 'static {
     /// Starts a trace (state ACCEPTED).
-    async fn create(&self, trace_id: &str, at_ms: i64);
-    async fn record(&self, event: TraceEvent<'_>);
-    async fn get(&self, trace_id: &str) -> Option<TraceView>;
+    async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError>;
+    /// Applies state changes, in order (one batch: one lock or one round trip).
+    async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError>;
+    /// Adds a node's counts to broadcasts' traces.
+    async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError>;
+    async fn get(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError>;
 }
 
 /// A message kept for a user until it is acknowledged or expires.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
     pub message_id: u64,
-    pub trace_id: String,
+    pub trace_id: Arc<str>,
     pub content: Bytes,
     pub ack_mode: AckMode,
     /// Only devices of this client type get it.
@@ -105,17 +253,22 @@ pub struct StoredMessage {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the offline inbox of `{0}` is full")]
-pub struct InboxFull(pub String);
+pub enum InboxError {
+    #[error("the offline inbox of `{0}` is full")]
+    Full(String),
+    #[error(transparent)]
+    Unavailable(#[from] StoreError),
+}
 
 /// Per-user offline inbox: bounded, ordered, with expiry.
 #[async_trait]
 pub trait InboxStore: Send + Sync + 'static {
-    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxFull>;
+    /// Adds a message (once: a message id already there is not added again).
+    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxError>;
     /// Unexpired messages in the order they were pushed (they stay until removed).
-    async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage>;
-    async fn remove(&self, user_id: &str, message_id: u64) -> bool;
-    async fn len(&self, user_id: &str) -> usize;
+    async fn list(&self, user_id: &str, now_ms: i64) -> Result<Vec<StoredMessage>, StoreError>;
+    async fn remove(&self, user_id: &str, message_id: u64) -> Result<bool, StoreError>;
+    async fn len(&self, user_id: &str) -> Result<usize, StoreError>;
 }
 
 /// Why a subscription was refused.
@@ -125,8 +278,8 @@ pub enum TopicFull {
     User(String, usize),
     #[error("topic `{0}` has {1} subscribers already (limits.max_subscribers_per_topic)")]
     Topic(String, usize),
-    #[error("the topic store is unavailable")]
-    Unavailable,
+    #[error(transparent)]
+    Unavailable(#[from] StoreError),
 }
 
 /// Topic subscriptions, bounded per user and per topic.
@@ -134,6 +287,6 @@ pub enum TopicFull {
 pub trait TopicStore: Send + Sync + 'static {
     /// True when newly subscribed; refused over either bound.
     async fn subscribe(&self, topic: &str, user_id: &str) -> Result<bool, TopicFull>;
-    async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool;
-    async fn subscribers(&self, topic: &str) -> Vec<String>;
+    async fn unsubscribe(&self, topic: &str, user_id: &str) -> Result<bool, StoreError>;
+    async fn subscribers(&self, topic: &str) -> Result<Vec<String>, StoreError>;
 }

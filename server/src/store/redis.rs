@@ -9,14 +9,19 @@ use mpush_protocol::crypto::ResumeKey;
 use mpush_protocol::session::{AckMode, DeviceInfo, SessionRecord, SessionSecret};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
 use tracing::warn;
 
 use super::{
-    InboxFull, InboxStore, RecipientState, SessionStore, StoredMessage, TopicFull, TopicStore,
-    TraceEvent, TraceState, TraceStore, TraceView,
+    Failure, InboxError, InboxStore, RecipientState, SessionStore, StateCounts, StoreError,
+    StoredMessage, TopicFull, TopicStore, TraceCounts, TraceEvent, TraceState, TraceStore,
+    TraceView,
 };
 use crate::clock::unix_ms;
-use crate::cluster::redis_conn::RedisHandle;
+use crate::redis_conn::RedisHandle;
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
@@ -26,15 +31,13 @@ fn unb64(s: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(s).ok()
 }
 
-fn log<T>(what: &str, r: redis::RedisResult<T>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            metrics::counter!("mpush_redis_errors_total").increment(1);
-            warn!(error = %e, "redis {what} failed");
-            None
-        }
-    }
+/// A failed command: counted, logged, and reported as the store being down.
+fn check<T>(store: &'static str, what: &str, r: redis::RedisResult<T>) -> Result<T, StoreError> {
+    r.map_err(|e| {
+        metrics::counter!("mpush_redis_errors_total", "store" => store).increment(1);
+        warn!(error = %e, "redis {what} failed");
+        StoreError::new(store, e)
+    })
 }
 
 /// Sessions: legacy ones in mpush's value format, v2 ones as JSON, and
@@ -82,7 +85,7 @@ impl SessionSealer {
 
 #[async_trait]
 impl SessionStore for RedisSessions {
-    async fn put(&self, r: SessionRecord) {
+    async fn put(&self, r: SessionRecord) -> Result<(), StoreError> {
         let ttl_ms = (r.expire_at_ms - unix_ms()).max(1000);
         let value = match &r.secret {
             SessionSecret::Legacy { .. } => r.to_mpush_value().unwrap_or_default(),
@@ -108,27 +111,39 @@ impl SessionStore for RedisSessions {
             .arg(ttl_ms)
             .query_async(&mut c)
             .await;
-        log("session put", res);
+        check("sessions", "session put", res)
     }
 
-    async fn remove(&self, session_id: &str) -> bool {
+    async fn remove(&self, session_id: &str) -> Result<bool, StoreError> {
         let mut c = self.redis.conn();
-        log(
+        let n = check(
+            "sessions",
             "session remove",
             c.del::<_, i64>(format!("mp:rs:{session_id}")).await,
-        )
-        .unwrap_or(0)
-            > 0
+        )?;
+        Ok(n > 0)
     }
 
-    async fn get(&self, session_id: &str) -> Option<SessionRecord> {
+    async fn get(&self, session_id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let mut c = self.redis.conn();
         let key = format!("mp:rs:{session_id}");
-        let (value, pttl): (Option<String>, i64) = log(
+        let (value, pttl): (Option<String>, i64) = check(
+            "sessions",
             "session get",
             redis::pipe().get(&key).pttl(&key).query_async(&mut c).await,
         )?;
-        let value = match (&self.sealer, value?) {
+        Ok(parse_session(&self.sealer, session_id, value, pttl))
+    }
+}
+
+fn parse_session(
+    sealer: &Option<SessionSealer>,
+    session_id: &str,
+    value: Option<String>,
+    pttl: i64,
+) -> Option<SessionRecord> {
+    {
+        let value = match (sealer, value?) {
             (Some(s), v) => match s.open(session_id, &v) {
                 Some(plain) => plain,
                 None => {
@@ -164,26 +179,138 @@ impl SessionStore for RedisSessions {
 }
 
 /// Traces: a hash per trace (`mp:trace:<id>`), one field per recipient
-/// (`user|device`) holding its JSON state, expiring with the trace TTL.
+/// (`user|device`) holding its JSON state; a broadcast's counts as
+/// `n:<node>:<STATE>` counters and its failures as `f:<user>|<device>`; all
+/// expiring with the trace TTL.
 pub struct RedisTraces {
     pub redis: RedisHandle,
     pub ttl_secs: u64,
 }
 
-fn state_name(s: TraceState) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
+fn state_name(s: TraceState) -> &'static str {
+    s.name()
 }
 
 fn state_from(s: &str) -> TraceState {
-    serde_json::from_value(json!(s)).unwrap_or(TraceState::Accepted)
+    TraceState::from_name(s).unwrap_or(TraceState::Accepted)
+}
+
+impl RedisTraces {
+    /// One trace's events: one read and one write, whatever their number.
+    async fn record_one(
+        &self,
+        trace_id: Arc<str>,
+        events: Vec<TraceEvent>,
+    ) -> Result<(), StoreError> {
+        let key = format!("mp:trace:{trace_id}");
+        let mut fields: Vec<String> = vec!["_meta".into()];
+        for e in &events {
+            for f in [
+                format!("{}|{}", e.user_id, e.device_id),
+                format!("{}|", e.user_id),
+            ] {
+                if !fields.contains(&f) {
+                    fields.push(f);
+                }
+            }
+        }
+        let mut c = self.redis.conn();
+        let values: Vec<Option<String>> = check(
+            "traces",
+            "trace read",
+            redis::cmd("HMGET")
+                .arg(&key)
+                .arg(&fields)
+                .query_async(&mut c)
+                .await,
+        )?;
+        if values.first().cloned().flatten().is_none() {
+            // The trace expired (or never was): recording must not create a
+            // key without a TTL.
+            return Ok(());
+        }
+        let mut current: HashMap<String, RecipientState> = fields
+            .iter()
+            .zip(values)
+            .skip(1)
+            .filter_map(|(f, v)| {
+                let v: Value = serde_json::from_str(v.as_deref()?).ok()?;
+                Some((f.clone(), recipient_from_json(&v)))
+            })
+            .collect();
+        let mut deleted: Vec<String> = Vec::new();
+        let mut changed: Vec<String> = Vec::new();
+        for e in events {
+            let field = format!("{}|{}", e.user_id, e.device_id);
+            let placeholder = format!("{}|", e.user_id);
+            let mut r = match current.remove(&field) {
+                Some(r) => r,
+                None => match (!e.device_id.is_empty())
+                    .then(|| current.remove(&placeholder))
+                    .flatten()
+                {
+                    // The offline placeholder becomes the device that got it.
+                    Some(r) => {
+                        deleted.push(placeholder.clone());
+                        changed.retain(|f| *f != placeholder);
+                        r
+                    }
+                    None => RecipientState {
+                        user_id: e.user_id.to_string(),
+                        device_id: e.device_id.to_string(),
+                        client_type: e.client_type,
+                        state: e.state,
+                        detail: None,
+                        updated_at_ms: e.at_ms,
+                        history: Vec::new(),
+                    },
+                },
+            };
+            if r.device_id.is_empty() {
+                r.device_id = e.device_id.to_string();
+                r.client_type = e.client_type;
+            }
+            let detail = e.detail.as_deref().map(str::to_owned);
+            if r.history.len() >= 16 {
+                r.history.remove(8);
+            }
+            r.history.push((e.state, e.at_ms, detail.clone()));
+            if e.state.rank() >= r.state.rank()
+                || r.state == TraceState::Offline
+                || r.history.len() == 1
+            {
+                r.state = e.state;
+                r.detail = detail;
+                r.updated_at_ms = e.at_ms;
+            }
+            current.insert(field.clone(), r);
+            if !changed.contains(&field) {
+                changed.push(field);
+            }
+        }
+        let mut p = redis::pipe();
+        for f in &deleted {
+            p.hdel(&key, f).ignore();
+        }
+        for f in &changed {
+            if let Some(r) = current.get(f) {
+                p.hset(&key, f, recipient_json(r).to_string()).ignore();
+            }
+        }
+        // Should the key have expired since the read, the write recreates it:
+        // EXPIRE NX gives it a TTL then and leaves a live one alone (Redis 7).
+        p.cmd("EXPIRE")
+            .arg(&key)
+            .arg(self.ttl_secs)
+            .arg("NX")
+            .ignore();
+        check("traces", "trace record", p.query_async::<()>(&mut c).await)
+    }
 }
 
 #[async_trait]
 impl TraceStore for RedisTraces {
-    async fn create(&self, trace_id: &str, at_ms: i64) {
+    async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError> {
         let key = format!("mp:trace:{trace_id}");
         let mut c = self.redis.conn();
         let res: redis::RedisResult<()> = redis::pipe()
@@ -193,106 +320,97 @@ impl TraceStore for RedisTraces {
             .ignore()
             .query_async(&mut c)
             .await;
-        log("trace create", res);
+        check("traces", "trace create", res)
     }
 
-    async fn record(&self, e: TraceEvent<'_>) {
-        let key = format!("mp:trace:{}", e.trace_id);
-        let mut c = self.redis.conn();
-        // Read-modify-write of one field: concurrent writers for the same
-        // recipient are one connection's events, so they do not interleave.
-        let field = format!("{}|{}", e.user_id, e.device_id);
-        let placeholder = format!("{}|", e.user_id);
-        let fields: Option<Vec<Option<String>>> = log(
-            "trace read",
-            redis::cmd("HMGET")
-                .arg(&key)
-                .arg(&field)
-                .arg(&placeholder)
-                .arg("_meta")
-                .query_async(&mut c)
-                .await,
-        );
-        let fields = fields.unwrap_or_default();
-        if fields.get(2).cloned().flatten().is_none() {
-            // The trace expired (or never was): recording must not create a
-            // key without a TTL.
-            return;
+    async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
+        // Grouped by trace, in order: each trace costs one read and one write
+        // per batch (one slot each on a Redis Cluster), several at a time.
+        let mut by_trace: Vec<(Arc<str>, Vec<TraceEvent>)> = Vec::new();
+        for e in events {
+            match by_trace.iter_mut().find(|(t, _)| *t == e.trace_id) {
+                Some((_, v)) => v.push(e.clone()),
+                None => by_trace.push((e.trace_id.clone(), vec![e.clone()])),
+            }
         }
-        let existing = fields
-            .first()
-            .cloned()
-            .flatten()
-            .or_else(|| fields.get(1).cloned().flatten());
-        let from_placeholder = fields.first().cloned().flatten().is_none()
-            && fields.get(1).cloned().flatten().is_some();
-        let mut r: RecipientState = existing
-            .and_then(|j| serde_json::from_str::<Value>(&j).ok())
-            .map(|v| recipient_from_json(&v))
-            .unwrap_or(RecipientState {
-                user_id: e.user_id.to_owned(),
-                device_id: e.device_id.to_owned(),
-                client_type: e.client_type,
-                state: e.state,
-                detail: None,
-                updated_at_ms: e.at_ms,
-                history: Vec::new(),
-            });
-        if r.device_id.is_empty() {
-            r.device_id = e.device_id.to_owned();
-            r.client_type = e.client_type;
-        }
-        r.history.push((e.state, e.at_ms, e.detail.clone()));
-        if e.state.rank() >= r.state.rank()
-            || r.state == TraceState::Offline
-            || r.history.len() == 1
-        {
-            r.state = e.state;
-            r.detail = e.detail;
-            r.updated_at_ms = e.at_ms;
-        }
-        let mut p = redis::pipe();
-        if from_placeholder && !e.device_id.is_empty() {
-            p.hdel(&key, &placeholder).ignore();
-        }
-        // Should the key have expired since the read, the write recreates it:
-        // EXPIRE NX gives it a TTL then and leaves a live one alone (Redis 7).
-        let res: redis::RedisResult<()> = p
-            .hset(&key, &field, recipient_json(&r).to_string())
-            .ignore()
-            .cmd("EXPIRE")
-            .arg(&key)
-            .arg(self.ttl_secs)
-            .arg("NX")
-            .ignore()
-            .query_async(&mut c)
+        let results: Vec<Result<(), StoreError>> = futures_util::stream::iter(by_trace)
+            .map(|(t, evs)| async move { self.record_one(t, evs).await })
+            .buffer_unordered(16)
+            .collect()
             .await;
-        log("trace record", res);
+        results.into_iter().collect()
     }
 
-    async fn get(&self, trace_id: &str) -> Option<TraceView> {
+    async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError> {
+        for tc in counts {
+            let key = format!("mp:trace:{}", tc.trace_id);
+            let mut p = redis::pipe();
+            for st in TraceState::ALL {
+                let n = tc.counts.get(st);
+                if n > 0 {
+                    p.hincr(&key, format!("n:{}:{}", tc.node, st.name()), n)
+                        .ignore();
+                }
+            }
+            for f in &tc.failures {
+                let v = serde_json::to_string(f).unwrap_or_default();
+                p.hset(&key, format!("f:{}|{}", f.user_id, f.device_id), v)
+                    .ignore();
+            }
+            p.cmd("EXPIRE")
+                .arg(&key)
+                .arg(self.ttl_secs)
+                .arg("NX")
+                .ignore();
+            let mut c = self.redis.conn();
+            check("traces", "trace count", p.query_async::<()>(&mut c).await)?;
+        }
+        Ok(())
+    }
+
+    async fn get(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError> {
         let mut c = self.redis.conn();
-        let all: std::collections::HashMap<String, String> =
-            log("trace get", c.hgetall(format!("mp:trace:{trace_id}")).await)?;
-        let created_at_ms = all.get("_meta")?.parse().unwrap_or(0);
-        let mut recipients: Vec<RecipientState> = all
-            .iter()
-            .filter(|(k, _)| *k != "_meta")
-            .filter_map(|(_, v)| serde_json::from_str::<Value>(v).ok())
-            .map(|v| recipient_from_json(&v))
-            .collect();
+        let all: HashMap<String, String> = check(
+            "traces",
+            "trace get",
+            c.hgetall(format!("mp:trace:{trace_id}")).await,
+        )?;
+        let Some(created_at_ms) = all.get("_meta").map(|m| m.parse().unwrap_or(0)) else {
+            return Ok(None);
+        };
+        let mut nodes: std::collections::BTreeMap<String, StateCounts> = Default::default();
+        let mut failures = Vec::new();
+        let mut recipients = Vec::new();
+        for (k, v) in &all {
+            if k == "_meta" {
+                continue;
+            }
+            if let Some(rest) = k.strip_prefix("n:") {
+                if let Some((node, st)) = rest.rsplit_once(':')
+                    && let Some(st) = TraceState::from_name(st)
+                {
+                    nodes
+                        .entry(node.to_owned())
+                        .or_default()
+                        .add(st, v.parse().unwrap_or(0));
+                }
+            } else if k.starts_with("f:") {
+                if let Ok(f) = serde_json::from_str::<Failure>(v) {
+                    failures.push(f);
+                }
+            } else if let Ok(v) = serde_json::from_str::<Value>(v) {
+                recipients.push(recipient_from_json(&v));
+            }
+        }
         recipients.sort_by(|a, b| (&a.user_id, &a.device_id).cmp(&(&b.user_id, &b.device_id)));
-        let state = recipients
-            .iter()
-            .map(|r| r.state)
-            .min_by_key(|s| s.rank())
-            .unwrap_or(TraceState::Accepted);
-        Some(TraceView {
-            trace_id: trace_id.to_owned(),
+        failures.sort_by(|a, b| (&a.user_id, &a.device_id).cmp(&(&b.user_id, &b.device_id)));
+        Ok(Some(super::memory::view(
+            trace_id,
             created_at_ms,
-            state,
             recipients,
-        })
+            nodes.into_iter().collect(),
+            failures,
+        )))
     }
 }
 
@@ -353,7 +471,7 @@ pub struct RedisInbox {
 
 fn message_json(m: &StoredMessage) -> String {
     json!({
-        "id": m.message_id, "trace": m.trace_id, "content": b64(&m.content),
+        "id": m.message_id, "trace": &*m.trace_id, "content": b64(&m.content),
         "ack": match m.ack_mode { AckMode::None => 0, AckMode::Auto => 1, AckMode::Biz => 2 },
         "ct": m.client_type, "exp": m.expires_at_ms,
     })
@@ -364,7 +482,7 @@ fn message_from(s: &str) -> Option<StoredMessage> {
     let v: Value = serde_json::from_str(s).ok()?;
     Some(StoredMessage {
         message_id: v["id"].as_u64()?,
-        trace_id: v["trace"].as_str()?.to_owned(),
+        trace_id: v["trace"].as_str()?.into(),
         content: Bytes::from(unb64(v["content"].as_str()?)?),
         ack_mode: match v["ack"].as_u64() {
             Some(1) => AckMode::Auto,
@@ -378,11 +496,11 @@ fn message_from(s: &str) -> Option<StoredMessage> {
 
 #[async_trait]
 impl InboxStore for RedisInbox {
-    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxFull> {
+    async fn push(&self, user_id: &str, message: StoredMessage) -> Result<(), InboxError> {
         let key = format!("mp:inbox:{user_id}");
         // Drops expired entries first (list does), then checks and appends in
         // one script: concurrent pushes cannot overshoot the cap.
-        self.list(user_id, unix_ms()).await;
+        self.list(user_id, unix_ms()).await?;
         let mut c = self.redis.conn();
         let res: redis::RedisResult<i64> = redis::Script::new(INBOX_PUSH)
             .key(&key)
@@ -392,44 +510,47 @@ impl InboxStore for RedisInbox {
             .arg(self.max_ttl_secs)
             .invoke_async(&mut c)
             .await;
-        match log("inbox push", res) {
-            Some(0) => Err(InboxFull(user_id.to_owned())),
-            Some(_) => Ok(()),
-            None => Err(InboxFull(format!("{user_id} (redis unavailable)"))),
+        match check("inbox", "inbox push", res)? {
+            0 => Err(InboxError::Full(user_id.to_owned())),
+            _ => Ok(()),
         }
     }
 
-    async fn list(&self, user_id: &str, now_ms: i64) -> Vec<StoredMessage> {
+    async fn list(&self, user_id: &str, now_ms: i64) -> Result<Vec<StoredMessage>, StoreError> {
         let key = format!("mp:inbox:{user_id}");
         let mut c = self.redis.conn();
-        let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
+        let raw: Vec<String> = check("inbox", "inbox list", c.lrange(&key, 0, -1).await)?;
         let mut out = Vec::new();
         for r in raw {
             match message_from(&r) {
                 Some(m) if m.expires_at_ms > now_ms => out.push(m),
                 _ => {
-                    let _: Option<i64> = log("inbox expire", c.lrem(&key, 1, &r).await);
+                    check(
+                        "inbox",
+                        "inbox expire",
+                        c.lrem::<_, _, i64>(&key, 1, &r).await,
+                    )?;
                 }
             }
         }
-        out
+        Ok(out)
     }
 
-    async fn remove(&self, user_id: &str, message_id: u64) -> bool {
+    async fn remove(&self, user_id: &str, message_id: u64) -> Result<bool, StoreError> {
         let key = format!("mp:inbox:{user_id}");
         let mut c = self.redis.conn();
-        let raw: Vec<String> = log("inbox list", c.lrange(&key, 0, -1).await).unwrap_or_default();
+        let raw: Vec<String> = check("inbox", "inbox list", c.lrange(&key, 0, -1).await)?;
         for r in raw {
             if message_from(&r).is_some_and(|m| m.message_id == message_id) {
-                let n: Option<i64> = log("inbox remove", c.lrem(&key, 1, &r).await);
-                return n.unwrap_or(0) > 0;
+                let n: i64 = check("inbox", "inbox remove", c.lrem(&key, 1, &r).await)?;
+                return Ok(n > 0);
             }
         }
-        false
+        Ok(false)
     }
 
-    async fn len(&self, user_id: &str) -> usize {
-        self.list(user_id, unix_ms()).await.len()
+    async fn len(&self, user_id: &str) -> Result<usize, StoreError> {
+        Ok(self.list(user_id, unix_ms()).await?.len())
     }
 }
 
@@ -459,9 +580,10 @@ pub struct RedisTopics {
 }
 
 impl RedisTopics {
-    async fn add(&self, key: &str, member: &str, max: usize) -> Option<i64> {
+    async fn add(&self, key: &str, member: &str, max: usize) -> Result<i64, StoreError> {
         let mut c = self.redis.conn();
-        log(
+        check(
+            "topics",
             "topic subscribe",
             redis::Script::new(SET_ADD_CAPPED)
                 .key(key)
@@ -479,50 +601,49 @@ impl TopicStore for RedisTopics {
     async fn subscribe(&self, topic: &str, user_id: &str) -> Result<bool, TopicFull> {
         let (tkey, ukey) = (format!("mp:topic:{topic}"), format!("mp:ut:{user_id}"));
         // The user's side first; given back if the topic is full.
-        match self.add(&ukey, topic, self.max_topics_per_user).await {
-            None => return Err(TopicFull::Unavailable),
-            Some(-1) => {
-                return Err(TopicFull::User(
-                    user_id.to_owned(),
-                    self.max_topics_per_user,
-                ));
-            }
-            Some(_) => {}
+        if self.add(&ukey, topic, self.max_topics_per_user).await? == -1 {
+            return Err(TopicFull::User(
+                user_id.to_owned(),
+                self.max_topics_per_user,
+            ));
         }
-        match self.add(&tkey, user_id, self.max_subscribers).await {
-            None => Err(TopicFull::Unavailable),
-            Some(-1) => {
+        match self.add(&tkey, user_id, self.max_subscribers).await? {
+            -1 => {
                 let mut c = self.redis.conn();
-                let _: Option<i64> = log("topic undo", c.srem(&ukey, topic).await);
+                check(
+                    "topics",
+                    "topic undo",
+                    c.srem::<_, _, i64>(&ukey, topic).await,
+                )?;
                 Err(TopicFull::Topic(topic.to_owned(), self.max_subscribers))
             }
-            Some(n) => Ok(n == 1),
+            n => Ok(n == 1),
         }
     }
 
-    async fn unsubscribe(&self, topic: &str, user_id: &str) -> bool {
+    async fn unsubscribe(&self, topic: &str, user_id: &str) -> Result<bool, StoreError> {
         let mut c = self.redis.conn();
-        let _: Option<i64> = log(
+        check(
+            "topics",
             "topic unsubscribe",
-            c.srem(format!("mp:ut:{user_id}"), topic).await,
-        );
-        log(
+            c.srem::<_, _, i64>(format!("mp:ut:{user_id}"), topic).await,
+        )?;
+        let n: i64 = check(
+            "topics",
             "topic unsubscribe",
-            c.srem::<_, _, i64>(format!("mp:topic:{topic}"), user_id)
-                .await,
-        )
-        .unwrap_or(0)
-            > 0
+            c.srem(format!("mp:topic:{topic}"), user_id).await,
+        )?;
+        Ok(n > 0)
     }
 
-    async fn subscribers(&self, topic: &str) -> Vec<String> {
+    async fn subscribers(&self, topic: &str) -> Result<Vec<String>, StoreError> {
         let mut c = self.redis.conn();
-        let mut v: Vec<String> = log(
+        let mut v: Vec<String> = check(
+            "topics",
             "topic members",
             c.smembers(format!("mp:topic:{topic}")).await,
-        )
-        .unwrap_or_default();
+        )?;
         v.sort();
-        v
+        Ok(v)
     }
 }

@@ -57,7 +57,7 @@ pub extern "C" fn mpush_probe(seed: u64, v2: u32) -> u32 {
                     let _ = server.push(
                         OutboundPush {
                             message_id: 1,
-                            trace_id: String::new(),
+                            trace_id: "".into(),
                             content: bytes::Bytes::from_static(b"hi"),
                             ack_mode: AckMode::Auto,
                             expires_at_ms: 0,

@@ -9,7 +9,7 @@
 use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
 use mpush_protocol::session::DeviceInfo;
 
-use crate::gateway::registry::ConnHandle;
+use crate::route::ConnHandle;
 
 /// Longest condition accepted, and deepest nesting (parentheses, plus runs
 /// of prefix operators): the parser and evaluator recurse, and a condition

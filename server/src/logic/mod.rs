@@ -1,0 +1,361 @@
+//! The logic layer: bind and auth, delivery (one in-flight record per push per
+//! connection, kept by the connection's machine; its outcome comes back here),
+//! traces, the offline inbox, kicks, broadcast and topics, flow control. It
+//! holds no socket: it reaches connections through the route layer.
+//!
+//! Imports point down only: `route`, `cluster`, `store`, `auth`, `config`.
+
+mod delivery;
+pub mod filter;
+pub mod flow;
+mod session;
+pub mod trace;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mpush_protocol::ack::RetryPolicy;
+use mpush_protocol::message::{Redirect, v2};
+use mpush_protocol::server::ServerConfig;
+use mpush_protocol::session::AckMode;
+use parking_lot::RwLock;
+
+use crate::clock::unix_ms;
+use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg, NodeInfo};
+use crate::config::Validated;
+use crate::route::{RedisRoutes, RouteStore, Router};
+use crate::store::{
+    InboxStore, MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces, SessionStore, TopicStore,
+    TraceStore,
+};
+pub use delivery::{MessageSpec, UserOutcome};
+pub use session::{DeviceView, UserView};
+use trace::Tracer;
+
+/// The stores a node runs on.
+pub struct Stores {
+    pub sessions: Arc<dyn SessionStore>,
+    pub traces: Arc<dyn TraceStore>,
+    pub inbox: Arc<dyn InboxStore>,
+    pub topics: Arc<dyn TopicStore>,
+}
+
+/// Where the gateways listen (known once bound).
+#[derive(Debug, Clone, Copy)]
+pub struct Listeners {
+    pub tcp: SocketAddr,
+    pub ws: Option<SocketAddr>,
+    pub http: SocketAddr,
+}
+
+pub struct Hub {
+    cfg: Arc<Validated>,
+    proto: Arc<ServerConfig>,
+    router: Router,
+    cluster: Option<Arc<Cluster>>,
+    sessions: Arc<dyn SessionStore>,
+    inbox: Arc<dyn InboxStore>,
+    topics: Arc<dyn TopicStore>,
+    tracer: Tracer,
+    push_limiter: flow::RateLimiter,
+    broadcast_limiter: flow::RateLimiter,
+    next_message: AtomicU64,
+    next_conn: AtomicU64,
+    /// Every open connection, bound or not.
+    connections: AtomicUsize,
+    draining: AtomicBool,
+    /// Flips to true when the server drains; every connection watches it.
+    shutdown: tokio::sync::watch::Sender<bool>,
+    listeners: Listeners,
+    /// Where clients are sent when this node drains (another node), chosen
+    /// when the drain starts.
+    redirect: RwLock<Option<NodeInfo>>,
+}
+
+impl Hub {
+    /// The embedded default: every store in memory.
+    pub fn in_memory(cfg: Arc<Validated>, listeners: Listeners) -> Arc<Self> {
+        let d = &cfg.settings.delivery;
+        let l = &cfg.settings.limits;
+        let stores = Stores {
+            sessions: Arc::new(MemorySessions::new(l.max_sessions, l.max_session_bytes)),
+            traces: Arc::new(MemoryTraces::new(
+                d.trace_ttl_secs,
+                d.trace_max,
+                d.trace_max_bytes,
+            )),
+            inbox: Arc::new(MemoryInbox::new(d.inbox_max)),
+            topics: Arc::new(MemoryTopics::new(
+                l.max_topics_per_user,
+                l.max_subscribers_per_topic,
+            )),
+        };
+        Self::new(cfg, stores, None, listeners)
+    }
+
+    /// Cluster mode: every store and the route table in Redis, shared with
+    /// the other nodes.
+    pub fn clustered(
+        cfg: Arc<Validated>,
+        cluster: Arc<Cluster>,
+        listeners: Listeners,
+    ) -> Arc<Self> {
+        use crate::store::redis::{RedisInbox, RedisSessions, RedisTopics, RedisTraces};
+        let d = &cfg.settings.delivery;
+        let r = cluster.redis.clone();
+        let stores = Stores {
+            sessions: Arc::new(RedisSessions {
+                redis: r.clone(),
+                sealer: (!cfg.settings.security.plaintext_sessions_at_rest)
+                    .then(|| crate::store::redis::SessionSealer::new(&cfg.private_key)),
+            }),
+            traces: Arc::new(RedisTraces {
+                redis: r.clone(),
+                ttl_secs: d.trace_ttl_secs,
+            }),
+            inbox: Arc::new(RedisInbox {
+                redis: r.clone(),
+                max: d.inbox_max,
+                max_ttl_secs: d.max_ttl_secs,
+            }),
+            topics: Arc::new(RedisTopics {
+                redis: r,
+                max_topics_per_user: cfg.settings.limits.max_topics_per_user,
+                max_subscribers: cfg.settings.limits.max_subscribers_per_topic,
+            }),
+        };
+        Self::new(cfg, stores, Some(cluster), listeners)
+    }
+
+    pub fn new(
+        cfg: Arc<Validated>,
+        stores: Stores,
+        cluster: Option<Arc<Cluster>>,
+        listeners: Listeners,
+    ) -> Arc<Self> {
+        let s = &cfg.settings;
+        let node_id = cluster
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |c| c.node_id.clone());
+        let table: Option<Arc<dyn RouteStore>> = cluster.as_ref().map(|c| {
+            Arc::new(RedisRoutes::new(c.redis.clone(), s.cluster.route_ttl_secs))
+                as Arc<dyn RouteStore>
+        });
+        // Ids stay unique across restarts (clients deduplicate by them): the
+        // counter starts at the start-up time in ms, shifted left 16 bits.
+        let first_id = u64::try_from(unix_ms()).unwrap_or(0) << 16;
+        let hub = Arc::new(Self {
+            push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
+            broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
+            proto: Arc::new(protocol_config(&cfg)),
+            tracer: Tracer::new(stores.traces.clone(), node_id.as_str().into()),
+            router: Router::new(node_id, table),
+            cluster,
+            sessions: stores.sessions,
+            inbox: stores.inbox,
+            topics: stores.topics,
+            next_message: AtomicU64::new(first_id),
+            next_conn: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            shutdown: tokio::sync::watch::channel(false).0,
+            listeners,
+            redirect: RwLock::new(None),
+            cfg,
+        });
+        hub.spawn_background();
+        hub
+    }
+
+    /// Cluster membership and route refresh (cluster mode only).
+    fn spawn_background(self: &Arc<Self>) {
+        let Some(cl) = &self.cluster else {
+            return;
+        };
+        let weak: std::sync::Weak<dyn Delivery> = Arc::downgrade(self) as _;
+        cl.spawn_loops(weak);
+        let me = Arc::downgrade(self);
+        let every = Duration::from_secs(self.cfg.settings.cluster.route_refresh_secs);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(hub) = me.upgrade() else { return };
+                if hub.is_draining() {
+                    return;
+                }
+                let failed = hub.router.refresh().await;
+                if failed > 0 {
+                    tracing::warn!(failed, "route refresh failed for some users");
+                }
+            }
+        });
+    }
+
+    pub fn cfg(&self) -> &Arc<Validated> {
+        &self.cfg
+    }
+
+    pub fn proto(&self) -> &Arc<ServerConfig> {
+        &self.proto
+    }
+
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    pub fn listeners(&self) -> Listeners {
+        self.listeners
+    }
+
+    pub fn inbox(&self) -> &Arc<dyn InboxStore> {
+        &self.inbox
+    }
+
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    pub fn next_message_id(&self) -> u64 {
+        self.next_message.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A connection opened: its id.
+    pub fn opened(&self) -> u64 {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("mpush_connections_total").increment(1);
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A connection (counted by `opened`) ended.
+    pub fn closed_conn(&self) {
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    pub fn bound(&self) -> usize {
+        self.router.local().len()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Ready for traffic: not draining, and the Redis it needs answers.
+    pub async fn ready(&self) -> Result<(), String> {
+        if self.is_draining() {
+            return Err("draining".into());
+        }
+        if let Some(cl) = &self.cluster {
+            cl.ping().await.map_err(|e| format!("redis: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The start of a drain: this node leaves the cluster and removes its
+    /// routes (no one sends here any more), picks where clients go, then
+    /// tells every connection to drain.
+    pub async fn start_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+        if let Some(cl) = &self.cluster {
+            cl.deregister().await;
+            self.router.withdraw().await;
+            let other = cl
+                .live_nodes()
+                .await
+                .into_iter()
+                .find(|n| n.id != cl.node_id);
+            *self.redirect.write() = other;
+        }
+        let _ = self.shutdown.send(true);
+    }
+
+    /// What a draining connection of `transport` ("tcp" or "ws") is told:
+    /// an address of its own transport, and a jittered wait so the clients
+    /// of one node do not all arrive at once.
+    pub fn redirect_for(&self, transport: &str) -> Redirect {
+        let s = &self.cfg.settings.shutdown;
+        let address = match (&*self.redirect.read(), transport) {
+            (Some(n), "ws") if !n.ws.is_empty() => n.ws.clone(),
+            (Some(n), "tcp") => n.tcp.clone(),
+            _ if transport == "ws" => s.redirect_to_ws.clone(),
+            _ => s.redirect_to.clone(),
+        };
+        let jitter = s.redirect_jitter_ms.max(1);
+        let spread = u32::try_from(crate::clock::random_below(u64::from(jitter))).unwrap_or(0);
+        Redirect {
+            address,
+            retry_after_ms: 100 + spread,
+            jitter_ms: jitter,
+            reason: "server shutting down".into(),
+        }
+    }
+}
+
+/// The protocol machines' settings, from the server's.
+fn protocol_config(cfg: &Validated) -> ServerConfig {
+    let s = &cfg.settings;
+    let mut proto = ServerConfig::new(cfg.private_key.clone());
+    proto.min_heartbeat = Duration::from_millis(s.limits.min_heartbeat_ms);
+    proto.max_heartbeat = Duration::from_millis(s.limits.max_heartbeat_ms);
+    proto.max_body = s.limits.max_packet_size;
+    proto.session_ttl = Duration::from_secs(s.delivery.session_ttl_secs);
+    proto.handshake_timeout = Duration::from_millis(s.limits.handshake_timeout_ms);
+    proto.require_v2 = s.security.require_v2;
+    proto.offload_rsa = true;
+    proto.ack_retry = RetryPolicy {
+        waits: s
+            .delivery
+            .ack_waits_ms
+            .iter()
+            .map(|ms| Duration::from_millis(*ms))
+            .collect(),
+        retries: s.delivery.ack_retries,
+    };
+    proto
+}
+
+#[async_trait]
+impl Delivery for Hub {
+    async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32> {
+        self.deliver_forwarded(batch)
+    }
+
+    async fn broadcast(&self, msg: BroadcastMsg) {
+        let spec = MessageSpec {
+            content: Bytes::from(msg.content),
+            ack_mode: AckMode::from_v2(msg.ack_mode),
+            client_type: msg.client_type,
+            ttl_secs: 0,
+            ack_timeout: None,
+        };
+        let Ok(filter) = filter::Filter::new(msg.tags, msg.condition.as_deref(), spec.client_type)
+        else {
+            return;
+        };
+        self.broadcast_here(msg.trace_id.into(), msg.message_id, &spec, Arc::new(filter))
+            .await;
+    }
+
+    fn kick(&self, msg: KickMsg) {
+        self.kick_here(&msg);
+    }
+
+    fn load(&self) -> usize {
+        self.connections()
+    }
+
+    fn draining(&self) -> bool {
+        self.is_draining()
+    }
+}

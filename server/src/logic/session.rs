@@ -1,0 +1,252 @@
+//! Sessions (fast connect), bind and auth, unbind, kicks, and who is online:
+//! what a connection asks of the logic layer, and what the API asks about users.
+
+use std::sync::Arc;
+
+use mpush_protocol::session::SessionRecord;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::Hub;
+use crate::cluster::KickMsg;
+use crate::route::{ConnCommand, ConnHandle, ConnInfo, Kick, Target};
+use crate::store::StoreError;
+
+/// One online device of a user, on this node or another.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceView {
+    pub device_id: String,
+    pub client_type: i32,
+    pub node: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub os_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub os_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_at_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<String>,
+}
+
+/// A user, cluster-wide.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserView {
+    pub user_id: String,
+    pub online: bool,
+    pub devices: Vec<DeviceView>,
+    pub inbox: usize,
+}
+
+impl Hub {
+    /// Stores a session so its client can resume.
+    pub async fn store_session(&self, s: SessionRecord) {
+        if let Err(e) = self.sessions.put(s).await {
+            // The client falls back to a full handshake next time.
+            tracing::warn!(error = %e, "session not stored");
+        }
+    }
+
+    /// The session a client wants to resume (a store that is down reads as
+    /// missing: the client falls back to a full handshake).
+    pub async fn session(&self, session_id: &str) -> Option<SessionRecord> {
+        self.sessions.get(session_id).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "session store unavailable: resume refused");
+            None
+        })
+    }
+
+    /// A v2 resume: the old ticket is single-use. False when it was already
+    /// used (a concurrent replay): the connection must close.
+    pub async fn rotate_session(
+        &self,
+        replaces: Option<String>,
+        next: Option<SessionRecord>,
+    ) -> bool {
+        if let Some(old) = replaces
+            && !matches!(self.sessions.remove(&old).await, Ok(true))
+        {
+            metrics::counter!("mpush_resume_replays_total").increment(1);
+            return false;
+        }
+        if let Some(s) = next {
+            self.store_session(s).await;
+        }
+        true
+    }
+
+    /// Authorises and registers a bind. The older connection of the same
+    /// client type, here or on another node, is told who replaced it (mpush
+    /// 7.4: it stays open; its client decides).
+    pub async fn bind(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &mpsc::Sender<ConnCommand>,
+        user_id: &str,
+        tags: String,
+        token: &str,
+        previous: Option<&Arc<str>>,
+    ) -> Result<Arc<str>, String> {
+        let grant = self
+            .cfg
+            .bind_auth
+            .check(user_id, info.client_type, token)
+            .inspect_err(|_| {
+                metrics::counter!("mpush_bind_refused_total").increment(1);
+            })?;
+        if let Some(prev) = previous.filter(|p| &***p != user_id) {
+            self.router.unbind(prev, info.client_type, info.id).await;
+        }
+        *info.tags.write() = grant.tags.unwrap_or(tags).into();
+        let user: Arc<str> = user_id.into();
+        let handle = ConnHandle {
+            info: info.clone(),
+            tx: tx.clone(),
+        };
+        let (replaced, remote) = self.router.bind(&user, handle).await;
+        if let Some(old) = replaced {
+            let _ = old.tx.try_send(ConnCommand::Kicked(Box::new(Kick {
+                device_id: old.info.device.device_id.clone(),
+                user_id: user_id.to_owned(),
+            })));
+            metrics::counter!("mpush_kicks_total").increment(1);
+        }
+        match remote {
+            Ok(Some(old)) => {
+                if let Some(cl) = &self.cluster {
+                    let kick = KickMsg {
+                        user_id: user_id.to_owned(),
+                        client_type: old.client_type,
+                        conn_id: old.conn_id,
+                        close: false,
+                    };
+                    if let Err(e) = cl.publish_kick(&old.node, &kick).await {
+                        tracing::warn!(error = %e, "kick of the older login not sent");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "bound locally only"),
+        }
+        Ok(user)
+    }
+
+    pub async fn unbind(&self, user: &str, info: &ConnInfo) -> bool {
+        self.router.unbind(user, info.client_type, info.id).await
+    }
+
+    /// Kicks `user`'s connections (of `client_type`, when given) on every
+    /// node: KICK, then close. Returns how many were told.
+    pub async fn kick_user(&self, user: &str, client_type: Option<i32>) -> Result<usize, String> {
+        let targets = self
+            .router
+            .resolve(user, client_type)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut n = 0;
+        for t in targets {
+            match t {
+                Target::Local(h) => {
+                    if h.tx.try_send(ConnCommand::KickAndClose).is_ok() {
+                        n += 1;
+                    }
+                }
+                Target::Remote(r) => {
+                    let Some(cl) = &self.cluster else { continue };
+                    let kick = KickMsg {
+                        user_id: user.to_owned(),
+                        client_type: r.client_type,
+                        conn_id: r.conn_id,
+                        close: true,
+                    };
+                    if cl.publish_kick(&r.node, &kick).await.is_ok() {
+                        n += 1;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// A kick another node published for one of this node's connections.
+    pub(super) fn kick_here(&self, k: &KickMsg) {
+        for h in self.router.local().lookup(&k.user_id) {
+            if (k.conn_id != 0 && h.info.id != k.conn_id)
+                || (k.client_type != 0 && h.info.client_type != k.client_type)
+            {
+                continue;
+            }
+            let cmd = if k.close {
+                ConnCommand::KickAndClose
+            } else {
+                // mpush's KICK names the kicked connection's own device.
+                ConnCommand::Kicked(Box::new(Kick {
+                    device_id: h.info.device.device_id.clone(),
+                    user_id: k.user_id.clone(),
+                }))
+            };
+            let _ = h.tx.try_send(cmd);
+            metrics::counter!("mpush_kicks_total").increment(1);
+        }
+    }
+
+    /// A user's devices on every node, and their inbox.
+    pub async fn user(&self, user: &str) -> Result<UserView, StoreError> {
+        let targets = self
+            .router
+            .resolve(user, None)
+            .await
+            .map_err(|e| StoreError::new("routes", e))?;
+        let devices: Vec<DeviceView> = targets
+            .into_iter()
+            .map(|t| match t {
+                Target::Local(h) => {
+                    let i = &h.info;
+                    DeviceView {
+                        device_id: i.device.device_id.clone(),
+                        client_type: i.client_type,
+                        node: self.router.node_id().to_owned(),
+                        os_name: Some(i.device.os_name.clone()),
+                        os_version: Some(i.device.os_version.clone()),
+                        client_version: Some(i.device.client_version.clone()),
+                        profile: Some(format!("{:?}", i.profile).to_lowercase()),
+                        transport: Some(i.transport),
+                        connected_at_ms: Some(i.connected_at_ms),
+                        tags: Some(i.tags.read().to_string()),
+                    }
+                }
+                Target::Remote(r) => DeviceView {
+                    device_id: r.device_id,
+                    client_type: r.client_type,
+                    node: r.node,
+                    os_name: None,
+                    os_version: None,
+                    client_version: None,
+                    profile: None,
+                    transport: None,
+                    connected_at_ms: None,
+                    tags: None,
+                },
+            })
+            .collect();
+        let inbox = self.inbox.len(user).await?;
+        Ok(UserView {
+            user_id: user.to_owned(),
+            online: !devices.is_empty(),
+            devices,
+            inbox,
+        })
+    }
+
+    /// Topic subscriptions (the API's verbs).
+    pub fn topics(&self) -> &Arc<dyn crate::store::TopicStore> {
+        &self.topics
+    }
+}

@@ -1,0 +1,206 @@
+//! Trace writes, batched: connections and the delivery code hand state changes
+//! to `Tracer::record` (a bounded queue, no await, no task per message); one
+//! writer task applies them in batches (one lock, or one round trip per trace,
+//! per batch). A broadcast's events are folded into per-node counts plus its
+//! failures by device, never one record per recipient.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::mpsc;
+
+use crate::clock::unix_ms;
+use crate::route::ConnInfo;
+use crate::store::{
+    Failure, MAX_FAILURES, StateCounts, StoreError, TraceCounts, TraceEvent, TraceState,
+    TraceStore, TraceView,
+};
+
+/// Events a node may have queued for the writer before it starts refusing
+/// (refusals are counted: `mpush_trace_events_dropped_total`).
+const QUEUE: usize = 1 << 16;
+/// Events applied per batch.
+const BATCH: usize = 4096;
+/// Broadcast traces the writer remembers as such.
+const BROADCASTS: usize = 4096;
+
+enum Item {
+    Event(TraceEvent),
+    /// Events of this trace are counted, not recorded per recipient.
+    Broadcast(Arc<str>),
+    /// Recipients a broadcast was handed to, in one number.
+    Dispatched(Arc<str>, u64),
+}
+
+pub struct Tracer {
+    store: Arc<dyn TraceStore>,
+    tx: mpsc::Sender<Item>,
+    dropped: AtomicU64,
+}
+
+impl Tracer {
+    /// Starts the writer task (it ends when the tracer is dropped).
+    pub fn new(store: Arc<dyn TraceStore>, node: Arc<str>) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(write(store.clone(), node, rx));
+        Self {
+            store,
+            tx,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts a trace and returns its id (the caller's, or a new one).
+    pub async fn start(&self, trace_id: Option<String>) -> Result<Arc<str>, StoreError> {
+        let id = trace_id
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| crate::clock::random_hex(16));
+        self.store.create(&id, unix_ms()).await?;
+        Ok(id.into())
+    }
+
+    pub async fn get(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError> {
+        self.store.get(trace_id).await
+    }
+
+    /// Marks `trace_id` as a broadcast on this node: its events become counts.
+    pub fn broadcast(&self, trace_id: &Arc<str>, dispatched: u64) {
+        self.send(Item::Broadcast(trace_id.clone()));
+        self.send(Item::Dispatched(trace_id.clone(), dispatched));
+    }
+
+    /// One recipient's state change.
+    pub fn record(
+        &self,
+        trace_id: &Arc<str>,
+        user_id: &Arc<str>,
+        device_id: &Arc<str>,
+        client_type: i32,
+        state: TraceState,
+        detail: Option<Cow<'static, str>>,
+    ) {
+        self.send(Item::Event(TraceEvent {
+            trace_id: trace_id.clone(),
+            user_id: user_id.clone(),
+            device_id: device_id.clone(),
+            client_type,
+            state,
+            detail,
+            at_ms: unix_ms(),
+        }));
+    }
+
+    /// A state change of a push on connection `info` of `user`.
+    pub fn conn(
+        &self,
+        trace_id: &Arc<str>,
+        user: &Arc<str>,
+        info: &ConnInfo,
+        state: TraceState,
+        detail: Option<Cow<'static, str>>,
+    ) {
+        self.record(
+            trace_id,
+            user,
+            &info.device_id,
+            info.client_type,
+            state,
+            detail,
+        );
+    }
+
+    fn send(&self, item: Item) {
+        if self.tx.try_send(item).is_err() {
+            metrics::counter!("mpush_trace_events_dropped_total").increment(1);
+            if self
+                .dropped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(10_000)
+            {
+                tracing::warn!("trace writer behind: trace events dropped");
+            }
+        }
+    }
+}
+
+async fn write(store: Arc<dyn TraceStore>, node: Arc<str>, mut rx: mpsc::Receiver<Item>) {
+    let mut broadcasts: FxHashSet<Arc<str>> = FxHashSet::default();
+    let mut order: VecDeque<Arc<str>> = VecDeque::new();
+    // Failures kept per broadcast on this node (beyond, only counted).
+    let mut failures_kept: FxHashMap<Arc<str>, usize> = FxHashMap::default();
+    let mut buf = Vec::with_capacity(BATCH);
+    while rx.recv_many(&mut buf, BATCH).await > 0 {
+        let mut events = Vec::new();
+        let mut counts: FxHashMap<Arc<str>, TraceCounts> = FxHashMap::default();
+        for item in buf.drain(..) {
+            match item {
+                Item::Broadcast(t) => {
+                    if broadcasts.insert(t.clone()) {
+                        order.push_back(t);
+                        while order.len() > BROADCASTS {
+                            if let Some(old) = order.pop_front() {
+                                broadcasts.remove(&old);
+                                failures_kept.remove(&old);
+                            }
+                        }
+                    }
+                }
+                Item::Dispatched(t, n) => {
+                    entry(&mut counts, &node, &t)
+                        .counts
+                        .add(TraceState::Dispatched, n);
+                }
+                Item::Event(e) if broadcasts.contains(&e.trace_id) => {
+                    let c = entry(&mut counts, &node, &e.trace_id);
+                    c.counts.add(e.state, 1);
+                    if matches!(
+                        e.state,
+                        TraceState::Failed | TraceState::Timeout | TraceState::Offline
+                    ) {
+                        let kept = failures_kept.entry(e.trace_id.clone()).or_default();
+                        if *kept < MAX_FAILURES {
+                            *kept += 1;
+                            c.failures.push(Failure {
+                                user_id: e.user_id.to_string(),
+                                device_id: e.device_id.to_string(),
+                                state: e.state,
+                                detail: e.detail.map(Cow::into_owned),
+                            });
+                        }
+                    }
+                }
+                Item::Event(e) => events.push(e),
+            }
+        }
+        if !events.is_empty()
+            && let Err(e) = store.record(&events).await
+        {
+            tracing::warn!(error = %e, n = events.len(), "trace events lost");
+        }
+        if !counts.is_empty() {
+            let counts: Vec<TraceCounts> = counts.into_values().collect();
+            if let Err(e) = store.count(&counts).await {
+                tracing::warn!(error = %e, "broadcast trace counts lost");
+            }
+        }
+        if buf.capacity() > BATCH {
+            buf = Vec::with_capacity(BATCH);
+        }
+    }
+}
+
+fn entry<'a>(
+    counts: &'a mut FxHashMap<Arc<str>, TraceCounts>,
+    node: &Arc<str>,
+    t: &Arc<str>,
+) -> &'a mut TraceCounts {
+    counts.entry(t.clone()).or_insert_with(|| TraceCounts {
+        trace_id: t.clone(),
+        node: node.clone(),
+        counts: StateCounts::default(),
+        failures: Vec::new(),
+    })
+}

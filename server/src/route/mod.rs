@@ -1,0 +1,305 @@
+//! The route layer: where a user is connected. `Connections` holds this
+//! node's connections (their command queues); a `RouteStore` is the table
+//! every node reads (this node's connections in the embedded default, the
+//! Redis route table in cluster mode). `Router::resolve` is the one question
+//! the logic layer asks: for each of a user's devices, a local connection, a
+//! remote node, or nothing (offline).
+//!
+//! This layer knows nothing of messages or traces: it imports `store`-level
+//! plumbing only (`redis_conn`), never `logic`, `gateway` or `cluster`.
+
+pub mod local;
+pub mod table;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mpush_protocol::server::OutboundPush;
+use mpush_protocol::session::{DeviceInfo, Profile};
+use parking_lot::RwLock;
+use tokio::sync::mpsc;
+
+pub use local::Connections;
+pub use table::RedisRoutes;
+
+/// What other tasks can ask of a connection.
+#[derive(Debug)]
+pub enum ConnCommand {
+    /// Boxed, like every variant: a command is two words, so each
+    /// connection's queue blocks stay small.
+    Push(Box<OutboundPush>),
+    /// Another device took this connection's place: send KICK (mpush keeps
+    /// the connection open; its client decides).
+    Kicked(Box<Kick>),
+    /// The API kicked the user: send KICK and close.
+    KickAndClose,
+}
+
+/// Who replaced a connection.
+#[derive(Debug)]
+pub struct Kick {
+    pub device_id: String,
+    pub user_id: String,
+}
+
+/// Facts about a live connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub id: u64,
+    pub device: DeviceInfo,
+    /// The device id again, shared with every trace event of this connection.
+    pub device_id: Arc<str>,
+    pub client_type: i32,
+    pub profile: Profile,
+    pub transport: &'static str,
+    pub connected_at_ms: i64,
+    /// Shared, not copied, by each broadcast's filter.
+    pub tags: RwLock<Arc<str>>,
+}
+
+/// A way to reach a connection's task.
+#[derive(Debug, Clone)]
+pub struct ConnHandle {
+    pub info: Arc<ConnInfo>,
+    pub tx: mpsc::Sender<ConnCommand>,
+}
+
+/// One row of the route table: where (user, client type) is connected.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    #[serde(skip)]
+    pub client_type: i32,
+    pub node: String,
+    #[serde(with = "as_string")]
+    pub conn_id: u64,
+    #[serde(default)]
+    pub device_id: String,
+}
+
+mod as_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The route table could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("route table unavailable: {0}")]
+pub struct RouteError(pub String);
+
+/// The table of routes every node reads.
+#[async_trait]
+pub trait RouteStore: Send + Sync + 'static {
+    /// Writes `route` for `user`; returns the route of the same client type
+    /// it replaced, if any.
+    async fn bind(&self, user: &str, route: Route) -> Result<Option<Route>, RouteError>;
+    /// Removes `user`'s route of `client_type` if it still names `node`'s
+    /// connection `conn_id` (a newer bind may have replaced it).
+    async fn unbind(&self, user: &str, client_type: i32, node: &str, conn_id: u64);
+    async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError>;
+    /// Many users at once: one round trip per batch, not one per user.
+    async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError>;
+    /// Keeps this node's routes alive (their TTL).
+    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize;
+}
+
+/// Where one copy of a message goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Local(ConnHandle),
+    Remote(Route),
+}
+
+/// The route layer's front: this node's connections and the shared table.
+pub struct Router {
+    node_id: String,
+    local: Arc<Connections>,
+    /// `None` in the embedded default: `local` is the whole table.
+    table: Option<Arc<dyn RouteStore>>,
+}
+
+impl Router {
+    pub fn new(node_id: String, table: Option<Arc<dyn RouteStore>>) -> Self {
+        Self {
+            node_id,
+            local: Arc::new(Connections::default()),
+            table,
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn local(&self) -> &Connections {
+        &self.local
+    }
+
+    /// The local connections, for work on another thread (a broadcast's
+    /// condition on the blocking pool).
+    pub fn local_arc(&self) -> Arc<Connections> {
+        self.local.clone()
+    }
+
+    pub fn is_clustered(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// Registers a bound connection here and in the table. Returns the local
+    /// connection it replaced and the route it replaced on another node.
+    pub async fn bind(
+        &self,
+        user: &Arc<str>,
+        handle: ConnHandle,
+    ) -> (Option<ConnHandle>, Result<Option<Route>, RouteError>) {
+        let route = Route {
+            client_type: handle.info.client_type,
+            node: self.node_id.clone(),
+            conn_id: handle.info.id,
+            device_id: handle.info.device.device_id.clone(),
+        };
+        let replaced = self.local.bind(user, handle);
+        let remote = match &self.table {
+            Some(t) => t
+                .bind(user, route)
+                .await
+                .map(|old| old.filter(|o| o.node != self.node_id)),
+            None => Ok(None),
+        };
+        (replaced, remote)
+    }
+
+    /// Removes a connection's route, here and in the table.
+    pub async fn unbind(&self, user: &str, client_type: i32, conn_id: u64) -> bool {
+        let removed = self.local.unbind(user, conn_id);
+        if let Some(t) = &self.table {
+            t.unbind(user, client_type, &self.node_id, conn_id).await;
+        }
+        removed
+    }
+
+    /// Every device of `user` (of `client_type`, when given).
+    pub async fn resolve(
+        &self,
+        user: &str,
+        client_type: Option<i32>,
+    ) -> Result<Vec<Target>, RouteError> {
+        let local = self.local.lookup(user);
+        let remote = match &self.table {
+            Some(t) => t.lookup(user).await.map(Some),
+            None => Ok(None),
+        };
+        self.merge(user, client_type, local, remote).await
+    }
+
+    /// `resolve` for many users: the table is read in one round trip per batch.
+    pub async fn resolve_many(
+        &self,
+        users: &[Arc<str>],
+        client_type: Option<i32>,
+    ) -> Vec<Result<Vec<Target>, RouteError>> {
+        let remote: Vec<Result<Option<Vec<Route>>, RouteError>> = match &self.table {
+            Some(t) => match t.lookup_many(users).await {
+                Ok(all) => all.into_iter().map(|r| Ok(Some(r))).collect(),
+                Err(e) => users.iter().map(|_| Err(e.clone())).collect(),
+            },
+            None => users.iter().map(|_| Ok(None)).collect(),
+        };
+        let mut out = Vec::with_capacity(users.len());
+        for (user, remote) in users.iter().zip(remote) {
+            let local = self.local.lookup(user);
+            out.push(self.merge(user, client_type, local, remote).await);
+        }
+        out
+    }
+
+    /// Local connections first; table routes for client types with no local
+    /// connection. A route naming this node without a connection is stale and
+    /// removed. A table that cannot be read is an error only when nothing local
+    /// was found.
+    async fn merge(
+        &self,
+        user: &str,
+        client_type: Option<i32>,
+        local: Vec<ConnHandle>,
+        remote: Result<Option<Vec<Route>>, RouteError>,
+    ) -> Result<Vec<Target>, RouteError> {
+        let mut out: Vec<Target> = local
+            .into_iter()
+            .filter(|h| client_type.is_none_or(|ct| ct == h.info.client_type))
+            .map(Target::Local)
+            .collect();
+        let routes = match remote {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(out),
+            Err(e) if out.is_empty() => return Err(e),
+            Err(_) => return Ok(out),
+        };
+        for r in routes {
+            if client_type.is_some_and(|ct| ct != r.client_type)
+                || out.iter().any(|t| match t {
+                    Target::Local(h) => h.info.client_type == r.client_type,
+                    Target::Remote(_) => false,
+                })
+            {
+                continue;
+            }
+            if r.node == self.node_id {
+                if let Some(t) = &self.table {
+                    t.unbind(user, r.client_type, &r.node, r.conn_id).await;
+                }
+                continue;
+            }
+            out.push(Target::Remote(r));
+        }
+        Ok(out)
+    }
+
+    /// Removes a route found stale (its node is gone).
+    pub async fn forget(&self, user: &str, route: &Route) {
+        if let Some(t) = &self.table {
+            t.unbind(user, route.client_type, &route.node, route.conn_id)
+                .await;
+        }
+    }
+
+    /// Removes every route of this node from the table (the start of a drain):
+    /// other nodes stop sending here; the connections stay until they close.
+    pub async fn withdraw(&self) {
+        if let Some(t) = &self.table {
+            for (user, h) in self.local.snapshot() {
+                t.unbind(&user, h.info.client_type, &self.node_id, h.info.id)
+                    .await;
+            }
+        }
+    }
+
+    /// Renews the TTL of this node's routes in the table.
+    pub async fn refresh(&self) -> usize {
+        let Some(t) = &self.table else {
+            return 0;
+        };
+        let routes = self
+            .local
+            .snapshot()
+            .into_iter()
+            .map(|(user, h)| {
+                let route = Route {
+                    client_type: h.info.client_type,
+                    node: self.node_id.clone(),
+                    conn_id: h.info.id,
+                    device_id: h.info.device.device_id.clone(),
+                };
+                (user, route)
+            })
+            .collect();
+        t.refresh(routes).await
+    }
+}

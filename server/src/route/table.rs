@@ -1,0 +1,152 @@
+//! The Redis route table (cluster mode): `mp:ur:<userId>`, a hash of client
+//! type → JSON route (mpush's key), expiring unless the owning node renews it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+
+use super::{Route, RouteError, RouteStore};
+use crate::redis_conn::RedisHandle;
+
+/// Compare-and-delete of a route field: only if it still names this connection.
+const DEL_ROUTE: &str = r"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and string.find(v, ARGV[2], 1, true) then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0";
+
+pub struct RedisRoutes {
+    redis: RedisHandle,
+    ttl_secs: u64,
+}
+
+fn key(user: &str) -> String {
+    format!("mp:ur:{user}")
+}
+
+/// The stored value: the route plus a `mark` (`node#conn`) that the
+/// compare-and-delete matches on.
+fn value(r: &Route) -> String {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    v["mark"] = format!("{}#{}", r.node, r.conn_id).into();
+    v.to_string()
+}
+
+fn parse(client_type: i32, v: &str) -> Option<Route> {
+    let mut r: Route = serde_json::from_str(v).ok()?;
+    r.client_type = client_type;
+    Some(r)
+}
+
+fn parse_all(all: HashMap<String, String>) -> Vec<Route> {
+    let mut out: Vec<Route> = all
+        .iter()
+        .filter_map(|(ct, v)| parse(ct.parse().ok()?, v))
+        .collect();
+    out.sort_by_key(|r| r.client_type);
+    out
+}
+
+fn down(e: redis::RedisError) -> RouteError {
+    metrics::counter!("mpush_redis_errors_total", "store" => "routes").increment(1);
+    RouteError(e.to_string())
+}
+
+impl RedisRoutes {
+    pub fn new(redis: RedisHandle, ttl_secs: u64) -> Self {
+        Self { redis, ttl_secs }
+    }
+}
+
+#[async_trait]
+impl RouteStore for RedisRoutes {
+    async fn bind(&self, user: &str, route: Route) -> Result<Option<Route>, RouteError> {
+        let k = key(user);
+        let mut c = self.redis.conn();
+        let (old,): (Option<String>,) = redis::pipe()
+            .hget(&k, route.client_type)
+            .hset(&k, route.client_type, value(&route))
+            .ignore()
+            .expire(&k, self.ttl_secs as i64)
+            .ignore()
+            .query_async(&mut c)
+            .await
+            .map_err(down)?;
+        Ok(old.and_then(|v| parse(route.client_type, &v)))
+    }
+
+    async fn unbind(&self, user: &str, client_type: i32, node: &str, conn_id: u64) {
+        let mut c = self.redis.conn();
+        let r: redis::RedisResult<i64> = redis::Script::new(DEL_ROUTE)
+            .key(key(user))
+            .arg(client_type)
+            .arg(format!("\"mark\":\"{node}#{conn_id}\""))
+            .invoke_async(&mut c)
+            .await;
+        if let Err(e) = r {
+            // The route expires with its TTL when the node stops renewing it.
+            tracing::warn!(error = %e, user, "route removal failed");
+            metrics::counter!("mpush_redis_errors_total", "store" => "routes").increment(1);
+        }
+    }
+
+    async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError> {
+        let mut c = self.redis.conn();
+        let all: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(key(user))
+            .query_async(&mut c)
+            .await
+            .map_err(down)?;
+        Ok(parse_all(all))
+    }
+
+    async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError> {
+        if users.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.redis.cluster_nodes().is_some() {
+            // A Redis Cluster pipeline stays within one slot: one command
+            // per user, many in flight.
+            let owned: Vec<Arc<str>> = users.to_vec();
+            let all: Vec<Result<Vec<Route>, RouteError>> = futures_util::stream::iter(owned)
+                .map(|u| async move { self.lookup(&u).await })
+                .buffered(64)
+                .collect()
+                .await;
+            return all.into_iter().collect();
+        }
+        let mut p = redis::pipe();
+        for u in users {
+            p.hgetall(key(u));
+        }
+        let mut c = self.redis.conn();
+        let all: Vec<HashMap<String, String>> = p.query_async(&mut c).await.map_err(down)?;
+        Ok(all.into_iter().map(parse_all).collect())
+    }
+
+    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
+        let ttl = self.ttl_secs as i64;
+        let writes = routes.into_iter().map(|(user, route)| {
+            let redis = self.redis.clone();
+            async move {
+                let k = key(&user);
+                let mut c = redis.conn();
+                redis::pipe()
+                    .hset(&k, route.client_type, value(&route))
+                    .ignore()
+                    .expire(&k, ttl)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            }
+        });
+        // One small pipeline per user key (one slot each on a Redis Cluster),
+        // many in flight at once.
+        futures_util::stream::iter(writes)
+            .buffer_unordered(32)
+            .filter(|r| std::future::ready(r.is_err()))
+            .count()
+            .await
+    }
+}
