@@ -190,7 +190,7 @@ async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exa
         .json()
         .await
         .expect("json");
-    assert_eq!(t["state"], "DELIVERED", "{t}");
+    assert_eq!(t["state"], "ACK", "{t}");
     second.shutdown().await;
 }
 

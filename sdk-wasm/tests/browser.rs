@@ -218,16 +218,16 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
         "v2 messages carry the server's id"
     );
     assert_eq!(get(&m, "traceId").as_string(), Some(t1.clone()));
-    // The SDK acknowledged receipt: the server records DELIVERED (ACK is for BIZ).
+    // The SDK acknowledged receipt: the server records ACK ("by the SDK").
     for _ in 0..100 {
-        if trace(&t1).await.0 == "DELIVERED" {
+        if trace(&t1).await.0 == "ACK" {
             break;
         }
         sleep(20).await;
     }
     assert_eq!(
         trace(&t1).await.0,
-        "DELIVERED",
+        "ACK",
         "the SDK acknowledged the AUTO push"
     );
     assert!(
