@@ -50,6 +50,8 @@ pub struct Sealer {
     compress_over: usize,
     /// Largest body a compressed packet may inflate to.
     max_inflated: usize,
+    /// GCM nonces for `seal_counted`: a random prefix and a counter.
+    nonces: Option<([u8; 4], u64)>,
 }
 
 impl Sealer {
@@ -59,6 +61,44 @@ impl Sealer {
             cipher: None,
             compress_over,
             max_inflated,
+            nonces: None,
+        }
+    }
+
+    /// From now on `seal_counted` numbers its GCM nonces: `prefix` (random)
+    /// then a 64-bit counter. Each connection's key is its own, so a nonce
+    /// never repeats under a key, and no RNG has to be kept for it.
+    pub fn count_nonces(&mut self, prefix: [u8; 4]) {
+        self.nonces = Some((prefix, 0));
+    }
+
+    /// `seal`, with the next counted nonce (see `count_nonces`).
+    pub fn seal_counted(
+        &mut self,
+        cmd: Command,
+        session_id: i32,
+        flags: Flags,
+        body: &[u8],
+    ) -> Packet {
+        let (prefix, n) = self.nonces.get_or_insert(([0; 4], 0));
+        let mut nonce = [0u8; 12];
+        nonce[..4].copy_from_slice(prefix);
+        nonce[4..].copy_from_slice(&n.to_be_bytes());
+        *n += 1;
+        let mut flags = flags;
+        let compressed = compress_over(body, self.compress_over);
+        let mut data: &[u8] = body;
+        if let Some(c) = &compressed {
+            data = c;
+            flags = flags.with(Flags::COMPRESS);
+        }
+        match &self.cipher {
+            Some(c) => {
+                let flags = flags.with(Flags::CRYPTO);
+                let aad = aad(cmd, flags, session_id, self.side);
+                Packet::new(cmd, session_id, flags, c.seal_with_nonce(nonce, &aad, data))
+            }
+            None => Packet::new(cmd, session_id, flags, data.to_vec()),
         }
     }
 

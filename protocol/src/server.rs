@@ -229,7 +229,9 @@ const FIRST_PUSH_ID: i32 = 0x4000_0000;
 
 pub struct ServerConnection {
     config: Arc<ServerConfig>,
-    rng: Rng,
+    /// Until the connection is established (handshake keys, session ids);
+    /// dropped then: later nonces are counted (`Sealer::count_nonces`).
+    rng: Option<Box<Rng>>,
     decoder: Decoder,
     inbuf: BytesMut,
     out: BytesMut,
@@ -268,7 +270,7 @@ impl ServerConnection {
             decoder: Decoder::new(config.max_body),
             sealer: Sealer::new(Side::Server, config.compress_over, config.max_inflated),
             pending: PendingPushes::new(config.max_inflight),
-            rng: Rng::from_seed(seed),
+            rng: Some(Box::new(Rng::from_seed(seed))),
             inbuf: BytesMut::new(),
             out: BytesMut::new(),
             events: VecDeque::new(),
@@ -404,7 +406,9 @@ impl ServerConnection {
 
     /// Everything queued for the socket, in one buffer (one write).
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        (!self.out.is_empty()).then(|| self.out.split().freeze())
+        // The whole buffer goes (not a split that would leave its spare
+        // capacity behind): an idle connection holds no output buffer.
+        (!self.out.is_empty()).then(|| std::mem::take(&mut self.out).freeze())
     }
 
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
@@ -472,8 +476,11 @@ impl ServerConnection {
                 if !verify_mac(&want, &proof.proof) {
                     return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
                 }
-                let server_nonce: [u8; 16] = random_array(&mut self.rng);
-                let next_id = hex_id(&random_array::<16>(&mut self.rng));
+                let (Some(server_nonce), Some(next_raw)) = (self.draw::<16>(), self.draw::<16>())
+                else {
+                    return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+                };
+                let next_id = hex_id(&next_raw);
                 let next_expire = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
                 next = Some(SessionRecord {
                     session_id: next_id.clone(),
@@ -698,7 +705,11 @@ impl ServerConnection {
             });
             return Ok(());
         }
-        let plain = self.config.private_key.decrypt(&mut self.rng, &p.body);
+        let Some(rng) = self.rng.as_deref_mut() else {
+            self.refuse_handshake(p.session_id, "no handshake in this state");
+            return Ok(());
+        };
+        let plain = self.config.private_key.decrypt(rng, &p.body);
         self.after_decrypt(p.session_id, p.flags, plain, now)
     }
 
@@ -772,9 +783,12 @@ impl ServerConnection {
             self.refuse_handshake(request, "legacy handshake (v2 required)");
             return Ok(());
         }
-        let server_key: [u8; 16] = random_array(&mut self.rng);
+        let (Some(server_key), Some(id_raw)) = (self.draw::<16>(), self.draw::<16>()) else {
+            self.refuse_handshake(request, "no handshake in this state");
+            return Ok(());
+        };
         let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
-        let session_id = hex_id(&random_array::<16>(&mut self.rng));
+        let session_id = hex_id(&id_raw);
         let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
         let ok = HandshakeOk {
             server_key: server_key.to_vec(),
@@ -786,9 +800,10 @@ impl ServerConnection {
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
         let client_key = AesKey(client_key);
         let reply_cipher = SessionCipher::cbc(&client_key, iv);
+        // CBC: the nonce source is not used.
         let packet = self.sealer.seal_with(
             &reply_cipher,
-            &mut self.rng,
+            &mut Rng::from_seed([0; 32]),
             Command::HANDSHAKE,
             request,
             &ok.to_bytes(),
@@ -845,8 +860,19 @@ impl ServerConnection {
     }
 
     fn establish(&mut self) {
+        if let Some(prefix) = self.draw::<4>() {
+            self.sealer.count_nonces(prefix);
+        }
+        // Nothing random is needed past this point: an established
+        // connection does not carry an RNG.
+        self.rng = None;
         self.state = State::Established;
         self.liveness.established();
+    }
+
+    /// Random bytes, while the connection still has its RNG.
+    fn draw<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.rng.as_deref_mut().map(random_array)
     }
 
     fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
@@ -1011,9 +1037,7 @@ impl ServerConnection {
     }
 
     fn send_sealed(&mut self, cmd: Command, session_id: i32, flags: Flags, body: &[u8]) {
-        let packet = self
-            .sealer
-            .seal(&mut self.rng, cmd, session_id, flags, body);
+        let packet = self.sealer.seal_counted(cmd, session_id, flags, body);
         Frame::Packet(packet).encode(&mut self.out);
     }
 

@@ -83,15 +83,24 @@ impl SessionCipher {
         }
     }
 
-    /// Seals a body. `aad` is ignored by CBC.
+    /// Seals a body under a random nonce. `aad` is ignored by CBC.
     pub fn seal(&self, rng: &mut Rng, aad: &[u8], plain: &[u8]) -> Vec<u8> {
+        let nonce: [u8; GCM_NONCE_LEN] = match self {
+            Self::Cbc { .. } => [0; GCM_NONCE_LEN],
+            Self::Gcm { .. } => random_array(rng),
+        };
+        self.seal_with_nonce(nonce, aad, plain)
+    }
+
+    /// Seals a body under `nonce` (GCM; CBC ignores it), which must never
+    /// repeat under this key: a counter per connection key does that.
+    pub fn seal_with_nonce(&self, nonce: [u8; GCM_NONCE_LEN], aad: &[u8], plain: &[u8]) -> Vec<u8> {
         match self {
             Self::Cbc { cipher, iv, .. } => {
                 cbc::Encryptor::<Aes128>::inner_iv_init((**cipher).clone(), &(*iv).into())
                     .encrypt_padded_vec::<Pkcs7>(plain)
             }
             Self::Gcm { cipher } => {
-                let nonce: [u8; GCM_NONCE_LEN] = random_array(rng);
                 let mut out = Vec::with_capacity(GCM_NONCE_LEN + plain.len() + GCM_TAG_LEN);
                 out.extend_from_slice(&nonce);
                 // Encryption only fails for inputs beyond GCM's 64 GiB limit.
