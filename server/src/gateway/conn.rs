@@ -14,14 +14,13 @@ use mpush_protocol::machine::{Input, ServerMachine, Transmit};
 use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent};
 use mpush_protocol::session::{DeviceInfo, Profile};
 use parking_lot::RwLock;
-use tokio::sync::mpsc;
 use tracing::{debug, info};
 
 use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
-use crate::route::{ConnCommand, ConnInfo};
+use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
 struct Driver<T: Transport> {
     gw: Arc<Gateway>,
@@ -31,7 +30,7 @@ struct Driver<T: Transport> {
     peer: SocketAddr,
     info: Option<Arc<ConnInfo>>,
     user: Option<Arc<str>>,
-    tx: Option<mpsc::Sender<ConnCommand>>,
+    tx: Arc<ConnQueue>,
     /// Traces of the pushes queued in the machine since the last write: they
     /// are DELIVERED once that write succeeds.
     unwritten: Vec<Arc<str>>,
@@ -56,7 +55,7 @@ pub async fn serve<T: Transport>(
         now,
         unix_ms(),
     ));
-    let (tx, rx) = mpsc::channel(gw.hub.cfg().settings.limits.outbound_queue);
+    let tx = Arc::new(ConnQueue::new(gw.hub.cfg().settings.limits.outbound_queue));
     let mut d = Driver {
         gw,
         transport,
@@ -65,17 +64,17 @@ pub async fn serve<T: Transport>(
         peer,
         info: None,
         user: None,
-        tx: Some(tx),
+        tx,
         unwritten: Vec::new(),
         draining: false,
         accepted: now,
         _slot: slot,
     };
-    d.run(rx).await;
+    d.run().await;
 }
 
 impl<T: Transport> Driver<T> {
-    async fn run(&mut self, mut rx: mpsc::Receiver<ConnCommand>) {
+    async fn run(&mut self) {
         let mut first_frame = true;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
         let mut shutdown = self.gw.hub.shutdown_signal();
@@ -93,8 +92,7 @@ impl<T: Transport> Driver<T> {
             };
             tokio::select! {
                 _ = shutdown.changed(), if !self.draining => self.drain(),
-                // `self.tx` keeps the queue open for the connection's whole life.
-                Some(c) = rx.recv() => self.command(c),
+                c = self.tx.recv() => self.command(c),
                 inc = self.transport.recv() => match inc {
                     Ok(Incoming::Data(b)) => {
                         first_frame = false;
@@ -121,7 +119,7 @@ impl<T: Transport> Driver<T> {
                     }
                 }
             }
-            while let Ok(c) = rx.try_recv() {
+            while let Some(c) = self.tx.try_recv() {
                 self.command(c);
             }
             if self.pump().await.is_err() {
@@ -143,10 +141,10 @@ impl<T: Transport> Driver<T> {
         // Whatever the machine did not report, the socket is gone now.
         self.machine.close();
         while let Some(e) = self.machine.poll_event() {
-            self.event(e).await;
+            Box::pin(self.event(e)).await;
         }
         self.transport.shutdown().await;
-        self.finish().await;
+        Box::pin(self.finish()).await;
     }
 
     fn drain(&mut self) {
@@ -189,7 +187,9 @@ impl<T: Transport> Driver<T> {
             let mut busy = false;
             while let Some(e) = self.machine.poll_event() {
                 busy = true;
-                self.event(e).await;
+                // Boxed: an idle connection's task does not carry the state
+                // of the rarest, largest step (an event's round trip).
+                Box::pin(self.event(e)).await;
             }
             while let Some(t) = self.machine.poll_transmit() {
                 busy = true;
@@ -341,12 +341,12 @@ impl<T: Transport> Driver<T> {
             profile,
             transport: T::NAME,
             connected_at_ms: unix_ms(),
-            tags: RwLock::new(Arc::from("")),
+            tags: RwLock::new(no_tags()),
         }));
     }
 
     async fn bind(&mut self, request: i32, user_id: String, tags: String, token: String) {
-        let (Some(info), Some(tx)) = (self.info.clone(), self.tx.clone()) else {
+        let (Some(info), tx) = (self.info.clone(), self.tx.clone()) else {
             return;
         };
         let hub = self.gw.hub.clone();
@@ -375,9 +375,15 @@ impl<T: Transport> Driver<T> {
         if let (Some(user), Some(info)) = (self.user.take(), &self.info) {
             self.gw.hub.unbind(&user, info).await;
         }
-        self.tx = None;
+        self.tx.close();
         self.gw.hub.closed_conn();
     }
+}
+
+/// The empty tag set, shared (no allocation per connection).
+fn no_tags() -> Arc<str> {
+    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    EMPTY.clone()
 }
 
 async fn sleep_opt(at: Option<tokio::time::Instant>) {

@@ -9,6 +9,7 @@
 //! plumbing only (`redis_conn`), never `logic`, `gateway` or `cluster`.
 
 pub mod local;
+pub mod queue;
 pub mod table;
 
 use std::sync::Arc;
@@ -17,9 +18,9 @@ use async_trait::async_trait;
 use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::{DeviceInfo, Profile};
 use parking_lot::RwLock;
-use tokio::sync::mpsc;
 
 pub use local::Connections;
+pub use queue::{ConnQueue, SendError};
 pub use table::RedisRoutes;
 
 /// What other tasks can ask of a connection.
@@ -61,7 +62,7 @@ pub struct ConnInfo {
 #[derive(Debug, Clone)]
 pub struct ConnHandle {
     pub info: Arc<ConnInfo>,
-    pub tx: mpsc::Sender<ConnCommand>,
+    pub tx: Arc<ConnQueue>,
 }
 
 /// One row of the route table: where (user, client type) is connected.

@@ -1,0 +1,127 @@
+//! A connection's command queue: bounded, and as small as an idle connection
+//! needs (a few words and no buffer while empty; tokio's mpsc keeps a
+//! 32-slot block per channel). Many senders, one receiver (the connection's
+//! task), which drains everything queued before it writes.
+
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::ConnCommand;
+
+/// Why a command was not queued (it comes back with the error).
+#[derive(Debug)]
+pub enum SendError {
+    /// The queue holds its bound: the connection is a slow consumer.
+    Full(ConnCommand),
+    /// The connection is gone.
+    Closed(ConnCommand),
+}
+
+#[derive(Debug)]
+pub struct ConnQueue {
+    state: Mutex<State>,
+    notify: Notify,
+    cap: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    items: VecDeque<ConnCommand>,
+    closed: bool,
+}
+
+impl ConnQueue {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            notify: Notify::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn try_send(&self, c: ConnCommand) -> Result<(), SendError> {
+        {
+            let mut s = self.state.lock();
+            if s.closed {
+                return Err(SendError::Closed(c));
+            }
+            if s.items.len() >= self.cap {
+                return Err(SendError::Full(c));
+            }
+            s.items.push_back(c);
+        }
+        // Stores a permit when the receiver is not waiting: no lost wakeup.
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    /// The next command, if one is queued.
+    pub fn try_recv(&self) -> Option<ConnCommand> {
+        let mut s = self.state.lock();
+        let c = s.items.pop_front();
+        if s.items.is_empty() && s.items.capacity() > 16 {
+            // A burst's buffer is not kept by an idle connection.
+            s.items = VecDeque::new();
+        }
+        c
+    }
+
+    /// Waits for the next command. Cancel-safe (used in `select!`).
+    pub async fn recv(&self) -> ConnCommand {
+        loop {
+            if let Some(c) = self.try_recv() {
+                return c;
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    /// The receiver is gone: later sends fail with `Closed`; what is queued
+    /// is dropped.
+    pub fn close(&self) {
+        let mut s = self.state.lock();
+        s.closed = true;
+        s.items = VecDeque::new();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn bounded_in_order_and_closed_after_the_receiver() {
+        let q = Arc::new(ConnQueue::new(2));
+        assert!(q.try_send(ConnCommand::KickAndClose).is_ok());
+        assert!(q.try_send(ConnCommand::KickAndClose).is_ok());
+        assert!(matches!(
+            q.try_send(ConnCommand::KickAndClose),
+            Err(SendError::Full(_))
+        ));
+        assert!(q.try_recv().is_some());
+        assert!(q.try_recv().is_some());
+        assert!(q.try_recv().is_none());
+        // A send while the receiver waits wakes it.
+        let r = q.clone();
+        let waiter = tokio::spawn(async move { r.recv().await });
+        tokio::task::yield_now().await;
+        assert!(q.try_send(ConnCommand::KickAndClose).is_ok());
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .expect("task");
+        assert!(matches!(got, ConnCommand::KickAndClose));
+        q.close();
+        assert!(matches!(
+            q.try_send(ConnCommand::KickAndClose),
+            Err(SendError::Closed(_))
+        ));
+    }
+}
