@@ -166,11 +166,7 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
     on_b.message("from A").await;
     let t = api_a
-        .trace_state(
-            r["traceId"].as_str().unwrap_or_default(),
-            "bea",
-            "DELIVERED",
-        )
+        .trace_state(r["traceId"].as_str().unwrap_or_default(), "bea", "ACK")
         .await;
     let hops = t.to_string();
     assert!(hops.contains("forwarded from node A to node B"), "{t}");
@@ -719,7 +715,7 @@ async fn nodes_share_a_redis_cluster() {
             .await;
         assert_eq!(r["dispatched"], 1, "{r}");
         c.message("via the redis cluster").await;
-        api.trace_state(r["traceId"].as_str().unwrap_or_default(), user, "DELIVERED")
+        api.trace_state(r["traceId"].as_str().unwrap_or_default(), user, "ACK")
             .await;
     }
     let (st, _) = api

@@ -14,13 +14,12 @@ use bytes::Bytes;
 use mpush_protocol::message::v2;
 use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::AckMode;
-use tokio::sync::mpsc::error::TrySendError;
 
 use super::Hub;
 use super::filter::Filter;
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, ForwardError};
-use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, Target};
+use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, SendError, Target};
 use crate::store::{InboxError, StoredMessage, TraceState};
 
 /// What to send, independent of who gets it.
@@ -345,14 +344,14 @@ impl Hub {
                 }
                 (TraceState::Dispatched, None)
             }
-            Err(TrySendError::Full(_)) => {
+            Err(SendError::Full(_)) => {
                 metrics::counter!("mpush_slow_consumer_total").increment(1);
                 (
                     TraceState::Failed,
                     Some("slow consumer: the connection's outbound queue is full".into()),
                 )
             }
-            Err(TrySendError::Closed(_)) => (TraceState::Offline, Some("connection closed".into())),
+            Err(SendError::Closed(_)) => (TraceState::Offline, Some("connection closed".into())),
         };
         self.tracer.conn(&trace_id, user, &h.info, state, detail);
         state == TraceState::Dispatched

@@ -152,7 +152,11 @@ impl Hub {
             push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
             broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
             proto: Arc::new(protocol_config(&cfg)),
-            tracer: Tracer::new(stores.traces.clone(), node_id.as_str().into()),
+            tracer: Tracer::new(
+                stores.traces.clone(),
+                node_id.as_str().into(),
+                Duration::from_millis(s.cluster.timeout_ms.max(1000)),
+            ),
             router: Router::new(node_id, table),
             cluster,
             sessions: stores.sessions,

@@ -5,11 +5,10 @@ use std::sync::Arc;
 
 use mpush_protocol::session::SessionRecord;
 use serde::Serialize;
-use tokio::sync::mpsc;
 
 use super::Hub;
 use crate::cluster::KickMsg;
-use crate::route::{ConnCommand, ConnHandle, ConnInfo, Kick, Target};
+use crate::route::{ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, Target};
 use crate::store::StoreError;
 
 /// One online device of a user, on this node or another.
@@ -88,7 +87,7 @@ impl Hub {
     pub async fn bind(
         &self,
         info: &Arc<ConnInfo>,
-        tx: &mpsc::Sender<ConnCommand>,
+        tx: &Arc<ConnQueue>,
         user_id: &str,
         tags: String,
         token: &str,

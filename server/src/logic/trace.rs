@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::mpsc;
@@ -42,10 +43,12 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Starts the writer task (it ends when the tracer is dropped).
-    pub fn new(store: Arc<dyn TraceStore>, node: Arc<str>) -> Self {
+    /// Starts the writer task (it ends when the tracer is dropped). Each
+    /// batch gets `deadline`: a store that hangs loses that batch, not the
+    /// writer.
+    pub fn new(store: Arc<dyn TraceStore>, node: Arc<str>, deadline: Duration) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write(store.clone(), node, rx));
+        tokio::spawn(write(store.clone(), node, rx, deadline));
         Self {
             store,
             tx,
@@ -126,7 +129,12 @@ impl Tracer {
     }
 }
 
-async fn write(store: Arc<dyn TraceStore>, node: Arc<str>, mut rx: mpsc::Receiver<Item>) {
+async fn write(
+    store: Arc<dyn TraceStore>,
+    node: Arc<str>,
+    mut rx: mpsc::Receiver<Item>,
+    deadline: Duration,
+) {
     let mut broadcasts: FxHashSet<Arc<str>> = FxHashSet::default();
     let mut order: VecDeque<Arc<str>> = VecDeque::new();
     // Failures kept per broadcast on this node (beyond, only counted).
@@ -175,21 +183,30 @@ async fn write(store: Arc<dyn TraceStore>, node: Arc<str>, mut rx: mpsc::Receive
                 Item::Event(e) => events.push(e),
             }
         }
-        if !events.is_empty()
-            && let Err(e) = store.record(&events).await
-        {
-            tracing::warn!(error = %e, n = events.len(), "trace events lost");
+        if !events.is_empty() {
+            match tokio::time::timeout(deadline, store.record(&events)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => lost(events.len(), &e.to_string()),
+                Err(_) => lost(events.len(), "trace store timed out"),
+            }
         }
         if !counts.is_empty() {
             let counts: Vec<TraceCounts> = counts.into_values().collect();
-            if let Err(e) = store.count(&counts).await {
-                tracing::warn!(error = %e, "broadcast trace counts lost");
+            match tokio::time::timeout(deadline, store.count(&counts)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => lost(counts.len(), &e.to_string()),
+                Err(_) => lost(counts.len(), "trace store timed out"),
             }
         }
         if buf.capacity() > BATCH {
             buf = Vec::with_capacity(BATCH);
         }
     }
+}
+
+fn lost(n: usize, why: &str) {
+    metrics::counter!("mpush_trace_events_lost_total").increment(n as u64);
+    tracing::warn!(n, why, "trace events lost");
 }
 
 fn entry<'a>(

@@ -307,6 +307,35 @@ fn overall(recipients: &[RecipientState]) -> TraceState {
         .unwrap_or(TraceState::Accepted)
 }
 
+/// A user's device-less entry (a forward hop, written by the forwarding
+/// node) belongs to the device that got the message (written by the node
+/// holding it). The two nodes write independently, so which came first is
+/// not known: the entries are joined when read, histories in time order.
+fn merge_placeholders(mut recipients: Vec<RecipientState>) -> Vec<RecipientState> {
+    let mut i = 0;
+    while i < recipients.len() {
+        let r = &recipients[i];
+        let target = (r.device_id.is_empty())
+            .then(|| {
+                recipients
+                    .iter()
+                    .position(|d| d.user_id == r.user_id && !d.device_id.is_empty())
+            })
+            .flatten();
+        match target {
+            Some(t) => {
+                let p = recipients.remove(i);
+                let t = if t > i { t - 1 } else { t };
+                let d = &mut recipients[t];
+                d.history.extend(p.history);
+                d.history.sort_by_key(|h| h.1);
+            }
+            None => i += 1,
+        }
+    }
+    recipients
+}
+
 /// A trace's view: its recipients, or a broadcast's counts.
 pub(crate) fn view(
     trace_id: &str,
@@ -315,6 +344,7 @@ pub(crate) fn view(
     nodes: Vec<(String, StateCounts)>,
     failures: Vec<Failure>,
 ) -> TraceView {
+    let recipients = merge_placeholders(recipients);
     let mut state = overall(&recipients);
     let broadcast = (!nodes.is_empty()).then(|| {
         let mut total = StateCounts::default();
