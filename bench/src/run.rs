@@ -34,7 +34,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Run only these scenario groups (ideal, connections, delivery, scale,
-    /// cluster); the report needs them all.
+    /// cluster, cpu); the report needs them all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
@@ -99,6 +99,38 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) a process has used, in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): state is 0,
+    // utime 11, stime 12, in clock ticks.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    ticks as f64 / clock_ticks()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+fn clock_ticks() -> f64 {
+    static TCK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TCK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// CPUs the load workers are pinned to (the `cpu` scenario keeps them off
+/// the server's core); empty: not pinned.
+static WORKER_CPUS: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 struct Server {
     child: tokio::process::Child,
     tcp: String,
@@ -138,8 +170,25 @@ async fn start_redis() -> Result<Redis> {
 
 /// One server process; in a cluster, node `id` on `redis`.
 async fn start_server(bin: &Path, cluster: Option<(&Redis, &str)>) -> Result<Server> {
+    start_server_with(bin, cluster, None, &[]).await
+}
+
+/// `start_server`, pinned to `cpus` (taskset) and with extra settings.
+async fn start_server_with(
+    bin: &Path,
+    cluster: Option<(&Redis, &str)>,
+    cpus: Option<&str>,
+    env: &[(&str, &str)],
+) -> Result<Server> {
     let (tcp, ws, http) = (free_port()?, free_port()?, free_port()?);
-    let mut cmd = Command::new(bin);
+    let mut cmd = match cpus {
+        Some(c) => {
+            let mut t = Command::new("taskset");
+            t.args(["-c", c]).arg(bin);
+            t
+        }
+        None => Command::new(bin),
+    };
     cmd.args([
         "--tcp",
         &format!("127.0.0.1:{tcp}"),
@@ -162,6 +211,9 @@ async fn start_server(bin: &Path, cluster: Option<(&Redis, &str)>) -> Result<Ser
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     if let Some((redis, id)) = cluster {
         cmd.args(["--redis", &redis.url])
             .env("MPUSH__CLUSTER__NODE_ID", id)
@@ -192,8 +244,19 @@ struct Ideal {
 }
 
 async fn start_ideal(me: &Path) -> Result<Ideal> {
+    start_ideal_on(me, None).await
+}
+
+async fn start_ideal_on(me: &Path, cpus: Option<&str>) -> Result<Ideal> {
     let addr = format!("127.0.0.1:{}", free_port()?);
-    let mut cmd = Command::new(me);
+    let mut cmd = match cpus {
+        Some(c) => {
+            let mut t = Command::new("taskset");
+            t.args(["-c", c]).arg(me);
+            t
+        }
+        None => Command::new(me),
+    };
     cmd.args(["ideal", "--addr", &addr]);
     let mut proc = Proc::spawn(cmd)?;
     let first = tokio::time::timeout(Duration::from_secs(10), proc.lines.next_line())
@@ -238,9 +301,16 @@ impl Workers {
         let group = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1;
         let mut procs = Vec::new();
         let mut first = 0;
+        let cpus = WORKER_CPUS.lock().map(|c| c.clone()).unwrap_or_default();
         for w in 0..count {
             let n = (conns - first) / (count - w);
-            let mut cmd = Command::new(me);
+            let mut cmd = if cpus.is_empty() {
+                Command::new(me)
+            } else {
+                let mut t = Command::new("taskset");
+                t.args(["-c", &cpus]).arg(me);
+                t
+            };
             cmd.args([
                 "worker",
                 "--target",
@@ -363,6 +433,10 @@ struct Sizes {
     paced_rate: usize,
     paced_secs: u64,
     broadcasts: usize,
+    /// Broadcasts back to back in the `cpu` scenario (half as many one at a time).
+    cpu_broadcasts: usize,
+    /// Broadcasts in all before the `cpu` scenario's memory reading.
+    rss_broadcasts: usize,
     /// Broadcast scaling points: (connections, server processes).
     scale: Vec<(usize, usize)>,
     timeout: Duration,
@@ -626,6 +700,174 @@ async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     }))
 }
 
+/// Server CPU per delivery and memory over time: the server pinned to CPU 0,
+/// the load workers to the others, `s.conns` bound TCP v2 connections. CPU
+/// is the server process's utime + stime from `/proc`, so the workers' own
+/// kernel and user time is not in it.
+async fn cpu(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        bail!("the cpu scenario needs two CPUs");
+    }
+    *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = "1-1023".into();
+    let result = cpu_inner(me, bin, s).await;
+    *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = String::new();
+    result
+}
+
+async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let n = s.conns;
+    let http = reqwest::Client::new();
+    let server = start_server_with(bin, None, Some("0"), &[]).await?;
+    let pid = server.child.id().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c0 = cpu_secs(pid);
+    let mut w = Workers::start(
+        me,
+        std::slice::from_ref(&server.tcp),
+        Transport::Tcp,
+        false,
+        n,
+        0,
+    )
+    .await?;
+    w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+    let handshake_cpu = cpu_secs(pid) - c0;
+    // Fast connects: every client reconnects with its ticket.
+    let c1 = cpu_secs(pid);
+    w.all("reconnect").await?;
+    w.wait("fast connect", s.timeout, |t| t.connected >= 2 * n as u64)
+        .await?;
+    // The clients bind again after they resume: let those binds finish.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fast_cpu = cpu_secs(pid) - c1;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_rss = rss_kb(pid);
+
+    // Broadcasts back to back.
+    let url = format!("{}/api/v1/broadcast", server.api);
+    let back_to_back = s.cpu_broadcasts;
+    let c2 = cpu_secs(pid);
+    let (b2b_rate, _) = broadcast_n(&mut w, &http, &url, s, n, back_to_back).await?;
+    let b2b_cpu = cpu_secs(pid) - c2;
+    // One broadcast in flight at a time.
+    let one = s.cpu_broadcasts / 2;
+    let c3 = cpu_secs(pid);
+    for _ in 0..one {
+        broadcast_n(&mut w, &http, &url, s, n, 1).await?;
+    }
+    let one_cpu = cpu_secs(pid) - c3;
+    // The rest of the memory run: `s.rss_broadcasts` deliveries in all.
+    let done = back_to_back + one;
+    let mut left = s.rss_broadcasts.saturating_sub(done);
+    while left > 0 {
+        let k = left.min(back_to_back.max(1));
+        broadcast_n(&mut w, &http, &url, s, n, k).await?;
+        left -= k;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let busy_rss = rss_kb(pid);
+    w.quit().await;
+    drop(server);
+
+    // The shipped flow-control default (30,000 deliveries/s) applies.
+    let limited = start_server_with(
+        bin,
+        None,
+        Some("0"),
+        &[("MPUSH__DELIVERY__BROADCAST_RATE", "30000")],
+    )
+    .await?;
+    let lpid = limited.child.id().unwrap_or(0);
+    let mut w = Workers::start(
+        me,
+        std::slice::from_ref(&limited.tcp),
+        Transport::Tcp,
+        false,
+        n,
+        0,
+    )
+    .await?;
+    w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+    let url = format!("{}/api/v1/broadcast", limited.api);
+    let limited_n = (back_to_back / 2).max(1);
+    let c4 = cpu_secs(lpid);
+    let (limited_rate, _) = broadcast_n(&mut w, &http, &url, s, n, limited_n).await?;
+    let limited_cpu = cpu_secs(lpid) - c4;
+    w.quit().await;
+    drop(limited);
+
+    // The ideal server, pinned the same way: what a delivery costs this
+    // machine's kernel at best (one write per connection per broadcast).
+    let mut ideal = start_ideal_on(me, Some("0")).await?;
+    let ipid = ideal.proc.pid();
+    let mut iw = Workers::start(
+        me,
+        std::slice::from_ref(&ideal.addr),
+        Transport::Ideal,
+        false,
+        n,
+        0,
+    )
+    .await?;
+    iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
+        .await?;
+    let cmd = format!("broadcast {back_to_back} {PAYLOAD}");
+    let c5 = cpu_secs(ipid);
+    measure(
+        &mut iw,
+        "ideal broadcast",
+        s.timeout,
+        back_to_back * n,
+        async { ideal.proc.ask(&cmd, s.timeout).await.map(drop) },
+    )
+    .await?;
+    let ideal_b2b_cpu = cpu_secs(ipid) - c5;
+    let cmd = format!("broadcast 1 {PAYLOAD}");
+    let c6 = cpu_secs(ipid);
+    for _ in 0..one {
+        measure(&mut iw, "ideal broadcast", s.timeout, n, async {
+            ideal.proc.ask(&cmd, s.timeout).await.map(drop)
+        })
+        .await?;
+    }
+    let ideal_one_cpu = cpu_secs(ipid) - c6;
+    iw.quit().await;
+    drop(ideal);
+
+    let us = |cpu: f64, deliveries: usize| cpu * 1e6 / deliveries.max(1) as f64;
+    Ok(json!({
+        "conns": n,
+        "ideal_back_to_back_cpu_us_per_delivery": us(ideal_b2b_cpu, back_to_back * n),
+        "ideal_one_at_a_time_cpu_us_per_delivery": us(ideal_one_cpu, one * n),
+        "handshake_cpu_us": us(handshake_cpu, n),
+        "fast_connect_cpu_us": us(fast_cpu, n),
+        "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
+        "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
+        "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
+        "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": 30000, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n)},
+        "idle_rss_kb": idle_rss,
+        "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
+    }))
+}
+
+/// `k` broadcasts back to back to `n` connections, waiting for every copy.
+async fn broadcast_n(
+    w: &mut Workers,
+    http: &reqwest::Client,
+    url: &str,
+    s: &Sizes,
+    n: usize,
+    k: usize,
+) -> Result<(f64, Value)> {
+    let send = async {
+        for _ in 0..k {
+            post(http, url, json!({"content": stamp(PAYLOAD)})).await?;
+        }
+        Ok(())
+    };
+    measure(w, "broadcast deliveries", s.timeout, k * n, send).await
+}
+
 const NODE_IDS: [&str; 6] = ["A", "B", "C", "D", "E", "F"];
 
 /// Scenario 4 at a scale: `broadcasts` broadcasts to `n` connections over
@@ -816,6 +1058,24 @@ fn print_report(r: &Value) {
         ratio(f(&c["per_s"]), iu),
         lat(&c["latency"])
     );
+    let c = &r["cpu"];
+    if !c.is_null() {
+        println!(
+            "server on one core, {} connections: handshake {:.0} us, fast connect {:.1} us ({:.0}/core-s); broadcast CPU/delivery {:.2} us back to back (ideal {:.2}), {:.2} us one at a time (ideal {:.2}), {:.2} us rate-limited; RSS {} KB idle, {:.2}x after {} deliveries",
+            c["conns"],
+            f(&c["handshake_cpu_us"]),
+            f(&c["fast_connect_cpu_us"]),
+            f(&c["fast_connects_per_core_s"]),
+            f(&c["broadcast_back_to_back"]["cpu_us_per_delivery"]),
+            f(&c["ideal_back_to_back_cpu_us_per_delivery"]),
+            f(&c["broadcast_one_at_a_time"]["cpu_us_per_delivery"]),
+            f(&c["ideal_one_at_a_time_cpu_us_per_delivery"]),
+            f(&c["broadcast_rate_limited"]["cpu_us_per_delivery"]),
+            c["idle_rss_kb"],
+            f(&c["rss_after"]["x_idle"]),
+            c["rss_after"]["deliveries"],
+        );
+    }
 }
 
 /// The command that regenerates the report.
@@ -846,6 +1106,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             paced_rate: 2_000,
             paced_secs: 1,
             broadcasts: 3,
+            cpu_broadcasts: 4,
+            rss_broadcasts: 8,
             scale: vec![(200, 1), (600, 3)],
             timeout: Duration::from_secs(60),
         }
@@ -857,6 +1119,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             paced_rate: 20_000,
             paced_secs: 3,
             broadcasts: 20,
+            cpu_broadcasts: 50,
+            rss_broadcasts: 150,
             scale: vec![(1_000, 1), (10_000, 1), (50_000, 3)],
             timeout: Duration::from_secs(300),
         }
@@ -904,6 +1168,11 @@ pub async fn run(a: RunArgs) -> Result<()> {
         eprintln!("cluster: cross-node unicast");
         cluster = cluster_unicast(&me, &bin, &s).await?;
     }
+    let mut cpu_v = Value::Null;
+    if want("cpu") {
+        eprintln!("cpu: server on one core, {} connections", s.conns);
+        cpu_v = cpu(&me, &bin, &s).await?;
+    }
     let ideal_delivery = ideal_delivery_v;
     let delivery = delivery_v;
     let report = json!({
@@ -915,6 +1184,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
         "delivery": delivery,
         "broadcast_scale": scale,
         "cluster": cluster,
+        "cpu": cpu_v,
     });
     print_report(&report);
     println!("\ntargets:");
