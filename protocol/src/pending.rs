@@ -18,37 +18,44 @@ struct InFlight {
     deadline: Instant,
 }
 
-/// The pushes of one connection that wait for an ACK.
+/// The pushes of one connection that wait for an ACK. The tables exist only
+/// while something is in flight: an idle connection holds one pointer.
 #[derive(Debug, Default)]
 pub(crate) struct PendingPushes {
     max: usize,
+    tables: Option<Box<Tables>>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
     sent: HashMap<u64, InFlight>,
     by_packet: HashMap<i32, u64>,
 }
 
 impl PendingPushes {
     pub fn new(max: usize) -> Self {
-        Self {
-            max,
-            sent: HashMap::new(),
-            by_packet: HashMap::new(),
-        }
+        Self { max, tables: None }
     }
 
     pub fn len(&self) -> usize {
-        self.sent.len()
+        self.tables.as_ref().map_or(0, |t| t.sent.len())
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.sent.values().map(|e| e.deadline).min()
+        self.tables
+            .as_ref()
+            .and_then(|t| t.sent.values().map(|e| e.deadline).min())
     }
 
     /// Whether one more tracked push may go out now.
     pub fn admit(&self, message_id: u64) -> Result<(), PushError> {
-        if self.sent.contains_key(&message_id) {
+        let Some(t) = &self.tables else {
+            return Ok(());
+        };
+        if t.sent.contains_key(&message_id) {
             return Err(PushError::Duplicate(message_id));
         }
-        if self.sent.len() >= self.max {
+        if t.sent.len() >= self.max {
             return Err(PushError::Busy);
         }
         Ok(())
@@ -62,8 +69,9 @@ impl PendingPushes {
         policy: &RetryPolicy,
     ) {
         let deadline = now + push.ack_timeout.unwrap_or_else(|| policy.wait_after(0));
-        self.by_packet.insert(packet_id, push.message_id);
-        self.sent.insert(
+        let t = self.tables.get_or_insert_with(Box::default);
+        t.by_packet.insert(packet_id, push.message_id);
+        t.sent.insert(
             push.message_id,
             InFlight {
                 push,
@@ -76,13 +84,14 @@ impl PendingPushes {
 
     /// The message a legacy ACK (by packet id) confirms.
     pub fn message_for_packet(&self, packet_id: i32) -> Option<u64> {
-        self.by_packet.get(&packet_id).copied()
+        self.tables.as_ref()?.by_packet.get(&packet_id).copied()
     }
 
     /// Confirms a message: its record, if it was pending.
     pub fn ack(&mut self, message_id: u64) -> Option<OutboundPush> {
-        let e = self.sent.remove(&message_id)?;
-        self.by_packet.remove(&e.packet_id);
+        let t = self.tables.as_mut()?;
+        let e = t.sent.remove(&message_id)?;
+        t.by_packet.remove(&e.packet_id);
         self.shrink();
         Some(e.push)
     }
@@ -98,7 +107,10 @@ impl PendingPushes {
     ) -> Vec<(i32, OutboundPush)> {
         let mut resend = Vec::new();
         let mut gave_up = Vec::new();
-        for (id, e) in &mut self.sent {
+        let Some(t) = self.tables.as_mut() else {
+            return resend;
+        };
+        for (id, e) in &mut t.sent {
             if e.deadline > now {
                 continue;
             }
@@ -120,8 +132,8 @@ impl PendingPushes {
         }
         gave_up.sort_unstable();
         for id in gave_up {
-            if let Some(e) = self.sent.remove(&id) {
-                self.by_packet.remove(&e.packet_id);
+            if let Some(e) = t.sent.remove(&id) {
+                t.by_packet.remove(&e.packet_id);
                 events.push_back(ServerEvent::PushTimedOut { push: e.push });
             }
         }
@@ -131,20 +143,18 @@ impl PendingPushes {
 
     /// Every pending push, in message id order; nothing is pending afterwards.
     pub fn drain(&mut self) -> Vec<OutboundPush> {
-        let mut all: Vec<OutboundPush> = std::mem::take(&mut self.sent)
-            .into_values()
-            .map(|e| e.push)
-            .collect();
+        let Some(t) = self.tables.take() else {
+            return Vec::new();
+        };
+        let mut all: Vec<OutboundPush> = t.sent.into_values().map(|e| e.push).collect();
         all.sort_unstable_by_key(|p| p.message_id);
-        self.by_packet = HashMap::new();
         all
     }
 
     /// An idle connection holds no table memory.
     fn shrink(&mut self) {
-        if self.sent.is_empty() && self.sent.capacity() > 0 {
-            self.sent = HashMap::new();
-            self.by_packet = HashMap::new();
+        if self.tables.as_ref().is_some_and(|t| t.sent.is_empty()) {
+            self.tables = None;
         }
     }
 }

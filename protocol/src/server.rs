@@ -216,7 +216,8 @@ enum State {
         flags: Flags,
     },
     AwaitResume {
-        request: FastConnect,
+        /// Boxed: every connection's state is as small as its common case.
+        request: Box<FastConnect>,
         packet_id: i32,
     },
     Established,
@@ -239,7 +240,6 @@ pub struct ServerConnection {
     state: State,
     sealer: Sealer,
     profile: Profile,
-    device: Option<DeviceInfo>,
     user: Option<String>,
     liveness: Liveness,
     clock_base: (Instant, i64),
@@ -255,7 +255,6 @@ impl std::fmt::Debug for ServerConnection {
         f.debug_struct("ServerConnection")
             .field("state", &self.state)
             .field("profile", &self.profile)
-            .field("device", &self.device)
             .field("user", &self.user)
             .finish_non_exhaustive()
     }
@@ -276,7 +275,6 @@ impl ServerConnection {
             events: VecDeque::new(),
             state: State::AwaitHandshake,
             profile: Profile::Legacy,
-            device: None,
             user: None,
             liveness: Liveness::new(
                 now,
@@ -296,10 +294,6 @@ impl ServerConnection {
 
     pub fn profile(&self) -> Profile {
         self.profile
-    }
-
-    pub fn device(&self) -> Option<&DeviceInfo> {
-        self.device.as_ref()
     }
 
     pub fn user(&self) -> Option<&str> {
@@ -431,7 +425,7 @@ impl ServerConnection {
         else {
             return;
         };
-        self.resume(request, packet_id, record, now);
+        self.resume(*request, packet_id, record, now);
         self.process_input(now);
     }
 
@@ -516,7 +510,6 @@ impl ServerConnection {
         self.sealer.set_cipher(Some(cipher));
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
-        self.device = Some(record.device.clone());
         self.user = None;
         self.establish();
         let replaces = next.as_ref().map(|_| record.session_id.clone());
@@ -827,7 +820,6 @@ impl ServerConnection {
         self.sealer.set_cipher(Some(cipher));
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
-        self.device = Some(device.clone());
         self.establish();
         self.events.push_back(ServerEvent::HandshakeCompleted {
             session: Some(SessionRecord {
@@ -895,7 +887,7 @@ impl ServerConnection {
             device_id: fc.device_id.clone(),
         });
         self.state = State::AwaitResume {
-            request: fc,
+            request: Box::new(fc),
             packet_id: p.session_id,
         };
         Ok(())
