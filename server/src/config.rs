@@ -161,7 +161,7 @@ impl Default for Limits {
             write_timeout_ms: 10_000,
             min_heartbeat_ms: 180_000,
             max_heartbeat_ms: 180_000,
-            ws_read_buffer: 512,
+            ws_read_buffer: 256,
             max_connections_per_ip: 10_000,
             handshake_timeout_ms: 10_000,
             rsa_workers: 0,

@@ -13,7 +13,6 @@ use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::machine::{Input, ServerMachine, Transmit};
 use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent};
 use mpush_protocol::session::{DeviceInfo, Profile};
-use parking_lot::RwLock;
 use tracing::{debug, info};
 
 use super::Gateway;
@@ -159,7 +158,7 @@ impl<T: Transport> Driver<T> {
             ConnCommand::Kicked(k) => self.machine.kick(&k.device_id, &k.user_id),
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
-                    let (device, user) = (info.device.device_id.clone(), user.clone());
+                    let (device, user) = (info.device_id.clone(), user.clone());
                     self.machine.kick(&device, &user);
                 }
                 self.machine.close();
@@ -333,16 +332,14 @@ impl<T: Transport> Driver<T> {
     }
 
     fn set_info(&mut self, device: DeviceInfo, profile: Profile) {
-        self.info = Some(Arc::new(ConnInfo {
-            id: self.conn_id,
-            client_type: device.client_type(),
-            device_id: device.device_id.as_str().into(),
-            device,
+        self.info = Some(Arc::new(ConnInfo::new(
+            self.conn_id,
+            &device,
             profile,
-            transport: T::NAME,
-            connected_at_ms: unix_ms(),
-            tags: RwLock::new(no_tags()),
-        }));
+            T::NAME,
+            unix_ms(),
+            no_tags(),
+        )));
     }
 
     async fn bind(&mut self, request: i32, user_id: String, tags: String, token: String) {
@@ -364,7 +361,7 @@ impl<T: Transport> Driver<T> {
         };
         self.user = Some(user.clone());
         self.machine.handle_bind_result(request, &user_id, Ok(()));
-        info!(conn = self.conn_id, user = %user_id, device = %info.device.device_id, "bound");
+        info!(conn = self.conn_id, user = %user_id, device = %info.device_id, "bound");
         // The offline inbox, in order.
         for push in hub.replay_inbox(&user, &info).await {
             self.push(push);

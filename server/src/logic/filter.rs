@@ -7,7 +7,6 @@
 //! `clientVersion`, `osName`, `osVersion`.
 
 use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
-use mpush_protocol::session::DeviceInfo;
 
 use crate::route::ConnHandle;
 
@@ -70,7 +69,7 @@ impl Filter {
                 check_condition(c)?;
                 let node =
                     evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?;
-                match node.eval_with_context(&context("", "", &DeviceInfo::default())) {
+                match node.eval_with_context(&context("", "", "", "", "")) {
                     Ok(Value::Boolean(_)) => {}
                     Ok(other) => {
                         return Err(format!("condition must be true or false, not `{other}`"));
@@ -101,20 +100,32 @@ impl Filter {
             return true;
         };
         matches!(
-            cond.eval_with_context(&context(user_id, &tags, &info.device)),
+            cond.eval_with_context(&context(
+                user_id,
+                &tags,
+                info.client_version(),
+                info.os_name(),
+                info.os_version(),
+            )),
             Ok(Value::Boolean(true))
         )
     }
 }
 
-fn context(user_id: &str, tags: &str, d: &DeviceInfo) -> HashMapContext {
+fn context(
+    user_id: &str,
+    tags: &str,
+    client_version: &str,
+    os_name: &str,
+    os_version: &str,
+) -> HashMapContext {
     let mut ctx = HashMapContext::new();
     for (k, v) in [
         ("userId", user_id),
         ("tags", tags),
-        ("clientVersion", d.client_version.as_str()),
-        ("osName", d.os_name.as_str()),
-        ("osVersion", d.os_version.as_str()),
+        ("clientVersion", client_version),
+        ("osName", os_name),
+        ("osVersion", os_version),
     ] {
         // Setting a string variable cannot fail.
         let _ = ctx.set_value(k.into(), Value::String(v.into()));

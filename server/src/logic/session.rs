@@ -112,7 +112,7 @@ impl Hub {
         let (replaced, remote) = self.router.bind(&user, handle).await;
         if let Some(old) = replaced {
             let _ = old.tx.try_send(ConnCommand::Kicked(Box::new(Kick {
-                device_id: old.info.device.device_id.clone(),
+                device_id: old.info.device_id.to_string(),
                 user_id: user_id.to_owned(),
             })));
             metrics::counter!("mpush_kicks_total").increment(1);
@@ -187,7 +187,7 @@ impl Hub {
             } else {
                 // mpush's KICK names the kicked connection's own device.
                 ConnCommand::Kicked(Box::new(Kick {
-                    device_id: h.info.device.device_id.clone(),
+                    device_id: h.info.device_id.to_string(),
                     user_id: k.user_id.clone(),
                 }))
             };
@@ -209,12 +209,12 @@ impl Hub {
                 Target::Local(h) => {
                     let i = &h.info;
                     DeviceView {
-                        device_id: i.device.device_id.clone(),
+                        device_id: i.device_id.to_string(),
                         client_type: i.client_type,
                         node: self.router.node_id().to_owned(),
-                        os_name: Some(i.device.os_name.clone()),
-                        os_version: Some(i.device.os_version.clone()),
-                        client_version: Some(i.device.client_version.clone()),
+                        os_name: Some(i.os_name().to_owned()),
+                        os_version: Some(i.os_version().to_owned()),
+                        client_version: Some(i.client_version().to_owned()),
                         profile: Some(format!("{:?}", i.profile).to_lowercase()),
                         transport: Some(i.transport),
                         connected_at_ms: Some(i.connected_at_ms),

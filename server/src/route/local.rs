@@ -19,7 +19,11 @@ impl Connections {
     /// Registers `handle` for `user`; returns the connection it replaced (same
     /// client type, another connection), if any.
     pub fn bind(&self, user: &Arc<str>, handle: ConnHandle) -> Option<ConnHandle> {
-        let mut routes = self.users.entry(user.clone()).or_default();
+        // Most users have one device: room for exactly one.
+        let mut routes = self
+            .users
+            .entry(user.clone())
+            .or_insert_with(|| Vec::with_capacity(1));
         if let Some(i) = routes.iter().position(|h| h.info.id == handle.info.id) {
             routes[i] = handle;
             return None;

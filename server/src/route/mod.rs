@@ -43,19 +43,65 @@ pub struct Kick {
     pub user_id: String,
 }
 
-/// Facts about a live connection.
+/// Facts about a live connection (one per connection: kept compact).
 #[derive(Debug)]
 pub struct ConnInfo {
     pub id: u64,
-    pub device: DeviceInfo,
-    /// The device id again, shared with every trace event of this connection.
+    /// Shared with every trace event of this connection.
     pub device_id: Arc<str>,
+    /// OS name, OS version and client version, joined by `\0`.
+    about: Box<str>,
     pub client_type: i32,
     pub profile: Profile,
     pub transport: &'static str,
     pub connected_at_ms: i64,
     /// Shared, not copied, by each broadcast's filter.
     pub tags: RwLock<Arc<str>>,
+}
+
+impl ConnInfo {
+    pub fn new(
+        id: u64,
+        device: &DeviceInfo,
+        profile: Profile,
+        transport: &'static str,
+        connected_at_ms: i64,
+        tags: Arc<str>,
+    ) -> Self {
+        let about = [
+            device.os_name.as_str(),
+            &device.os_version,
+            &device.client_version,
+        ]
+        .join("\0")
+        .into_boxed_str();
+        Self {
+            id,
+            device_id: device.device_id.as_str().into(),
+            about,
+            client_type: device.client_type(),
+            profile,
+            transport,
+            connected_at_ms,
+            tags: RwLock::new(tags),
+        }
+    }
+
+    fn about(&self, i: usize) -> &str {
+        self.about.split('\0').nth(i).unwrap_or("")
+    }
+
+    pub fn os_name(&self) -> &str {
+        self.about(0)
+    }
+
+    pub fn os_version(&self) -> &str {
+        self.about(1)
+    }
+
+    pub fn client_version(&self) -> &str {
+        self.about(2)
+    }
 }
 
 /// A way to reach a connection's task.
@@ -164,7 +210,7 @@ impl Router {
             client_type: handle.info.client_type,
             node: self.node_id.clone(),
             conn_id: handle.info.id,
-            device_id: handle.info.device.device_id.clone(),
+            device_id: handle.info.device_id.to_string(),
         };
         let replaced = self.local.bind(user, handle);
         let remote = match &self.table {
@@ -296,7 +342,7 @@ impl Router {
                     client_type: h.info.client_type,
                     node: self.node_id.clone(),
                     conn_id: h.info.id,
-                    device_id: h.info.device.device_id.clone(),
+                    device_id: h.info.device_id.to_string(),
                 };
                 (user, route)
             })

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use mpush_protocol::session::SessionRecord;
+use mpush_protocol::session::{DeviceInfo, SessionRecord, SessionSecret};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -18,6 +18,8 @@ use crate::clock::unix_ms;
 
 /// Sessions, bounded by count and by bytes: over either bound the oldest are
 /// forgotten (their clients fall back to a full handshake; nothing is lost).
+/// Every live connection has one, so each is kept compact: the id shared by
+/// the map and the expiry order, the device's four fields in one string.
 pub struct MemorySessions {
     max: usize,
     max_bytes: usize,
@@ -26,21 +28,58 @@ pub struct MemorySessions {
 
 #[derive(Default)]
 struct SessionMap {
-    map: HashMap<String, SessionRecord>,
+    map: HashMap<Arc<str>, Packed>,
     /// Insertion order; ids of replaced or expired records are skipped.
-    order: VecDeque<String>,
+    order: VecDeque<Arc<str>>,
     bytes: usize,
 }
 
-/// What a record costs in memory, roughly: its strings and a fixed overhead.
-fn session_bytes(r: &SessionRecord) -> usize {
-    let d = &r.device;
-    2 * r.session_id.len()
-        + d.device_id.len()
-        + d.os_name.len()
-        + d.os_version.len()
-        + d.client_version.len()
-        + 160
+/// A `SessionRecord` without its id, the device fields joined by `\0`.
+struct Packed {
+    device: Box<str>,
+    secret: SessionSecret,
+    expire_at_ms: i64,
+}
+
+impl Packed {
+    fn new(r: SessionRecord) -> Self {
+        let d = &r.device;
+        let device = [
+            d.device_id.as_str(),
+            &d.os_name,
+            &d.os_version,
+            &d.client_version,
+        ]
+        .join("\0")
+        .into_boxed_str();
+        Self {
+            device,
+            secret: r.secret,
+            expire_at_ms: r.expire_at_ms,
+        }
+    }
+
+    fn unpack(&self, session_id: &str) -> SessionRecord {
+        let mut f = self.device.split('\0').map(str::to_owned);
+        let mut next = || f.next().unwrap_or_default();
+        SessionRecord {
+            session_id: session_id.to_owned(),
+            device: DeviceInfo {
+                device_id: next(),
+                os_name: next(),
+                os_version: next(),
+                client_version: next(),
+            },
+            secret: self.secret.clone(),
+            expire_at_ms: self.expire_at_ms,
+        }
+    }
+
+    /// What it costs in memory, roughly: the map slot, the id (shared with
+    /// the order queue) and the device string.
+    fn bytes(&self, id: &str) -> usize {
+        128 + id.len() + self.device.len()
+    }
 }
 
 impl MemorySessions {
@@ -76,10 +115,11 @@ impl SessionStore for MemorySessions {
     async fn put(&self, record: SessionRecord) -> Result<(), StoreError> {
         let mut g = self.inner.lock();
         let m = &mut *g;
-        let size = session_bytes(&record);
-        let id = record.session_id.clone();
-        if let Some(old) = m.map.insert(id.clone(), record) {
-            m.bytes -= session_bytes(&old);
+        let id: Arc<str> = record.session_id.as_str().into();
+        let packed = Packed::new(record);
+        let size = packed.bytes(&id);
+        if let Some(old) = m.map.insert(id.clone(), packed) {
+            m.bytes -= old.bytes(&id);
         } else {
             m.order.push_back(id);
         }
@@ -93,7 +133,7 @@ impl SessionStore for MemorySessions {
             if let Some(id) = m.order.pop_front()
                 && let Some(old) = m.map.remove(&id)
             {
-                m.bytes -= session_bytes(&old);
+                m.bytes -= old.bytes(&id);
             }
         }
         while m.map.len() > self.max || m.bytes > self.max_bytes {
@@ -101,7 +141,7 @@ impl SessionStore for MemorySessions {
                 break;
             };
             if let Some(old) = m.map.remove(&id) {
-                m.bytes -= session_bytes(&old);
+                m.bytes -= old.bytes(&id);
                 metrics::counter!("mpush_sessions_evicted_total").increment(1);
             }
         }
@@ -116,7 +156,7 @@ impl SessionStore for MemorySessions {
         let mut g = self.inner.lock();
         Ok(match g.map.remove(session_id) {
             Some(old) => {
-                g.bytes -= session_bytes(&old);
+                g.bytes -= old.bytes(session_id);
                 true
             }
             None => false,
@@ -131,7 +171,7 @@ impl SessionStore for MemorySessions {
             .map
             .get(session_id)
             .filter(|r| r.expire_at_ms > now)
-            .cloned())
+            .map(|r| r.unpack(session_id)))
     }
 }
 
