@@ -70,9 +70,9 @@ impl Hub {
             })
     }
 
-    /// Delivers one message to many users: each gets its own message id
-    /// (devices deduplicate by it); the route table is read once for all of
-    /// them, and each remote node gets one frame.
+    /// Delivers one message to many users under one message id (a device
+    /// deduplicates by it, so a user listed twice gets it once); the route
+    /// table is read once for all of them, and each remote node gets one frame.
     pub async fn push_users(
         &self,
         trace_id: &Arc<str>,
@@ -89,6 +89,7 @@ impl Hub {
             (0, _) => self.cfg.settings.delivery.session_ttl_secs,
             (t, _) => t,
         };
+        let message_id = self.next_message_id();
         let mut outcomes = Vec::with_capacity(users.len());
         let mut remote: HashMap<String, Vec<(usize, Route, OutboundPush)>> = HashMap::new();
         for (i, (user, targets)) in users.iter().zip(routes).enumerate() {
@@ -106,7 +107,7 @@ impl Hub {
                 }
             };
             let push = OutboundPush {
-                message_id: self.next_message_id(),
+                message_id,
                 trace_id: trace_id.clone(),
                 content: spec.content.clone(),
                 ack_mode: spec.ack_mode,
@@ -178,9 +179,8 @@ impl Hub {
         outcomes
     }
 
-    /// One frame to `node` for every recipient it holds. Recipients share
-    /// the message; each keeps its own message id, so pushes with different
-    /// ids go in separate frames.
+    /// One frame to `node` for every recipient it holds (they share the
+    /// message and its id).
     async fn forward(
         &self,
         node_id: &str,

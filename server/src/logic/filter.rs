@@ -92,6 +92,9 @@ impl Filter {
         if self.client_type.is_some_and(|ct| ct != info.client_type) {
             return false;
         }
+        if self.tags.is_empty() && self.condition.is_none() {
+            return true;
+        }
         let tags = info.tags.read().clone();
         if !self.tags.is_empty() && !self.tags.iter().any(|t| tags.contains(t.as_str())) {
             return false;
