@@ -274,6 +274,24 @@ async fn broadcast_with_a_tag_filter_and_topic_push() {
     assert_eq!(st, 202, "{r}");
     clients[0].message("for vips").await;
     clients[2].message("for vips").await;
+    // A broadcast's trace is counts per node, not a record per recipient.
+    let trace = r["traceId"].as_str().unwrap_or_default().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, t) = api.get(&format!("/api/v1/traces/{trace}")).await;
+        let total = &t["broadcast"]["total"];
+        if total["DISPATCHED"] == 2 && total["DELIVERED"] == 2 {
+            assert_eq!(t["recipients"].as_array().map(Vec::len), Some(0), "{t}");
+            assert_eq!(t["state"], "DELIVERED", "{t}");
+            assert_eq!(t["broadcast"]["nodes"]["local"]["DELIVERED"], 2, "{t}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broadcast trace: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (st, _) = api
         .post(
             "/api/v1/broadcast",
@@ -499,8 +517,14 @@ async fn api_kick_closes_the_device() {
 
 #[tokio::test]
 async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
-    let server = start(settings()).await;
+    let mut s = settings();
+    s.shutdown.redirect_to = "10.1.2.3:3000".into();
+    s.shutdown.redirect_to_ws = "wss://push.example/ws".into();
+    s.shutdown.drain_timeout_ms = 1500;
+    let server = start(s).await;
     let api = Api::new(&server);
+    let (st, _) = api.get("/readyz").await;
+    assert_eq!(st, 200, "ready before the drain");
     let mut v2 = bound(
         &server,
         Via::Tcp,
@@ -532,10 +556,37 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
     v2.message("no ack needed").await;
     let hub = server.hub.clone();
     let t0 = std::time::Instant::now();
+    // Readiness turns 503 as soon as the drain starts (un-ACKed pushes keep
+    // the connection, so the drain lasts until its deadline).
+    let probe = {
+        let api = Api::new(&server);
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                let (st, v) = api.get("/readyz").await;
+                if st == 503 {
+                    return Some(v);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None
+        })
+    };
     server.shutdown().await;
     assert!(t0.elapsed() < Duration::from_secs(5), "drain is bounded");
-    v2.wait_for("redirect", |e| matches!(e, ClientEvent::Redirect(_)))
-        .await;
+    let not_ready = probe
+        .await
+        .expect("probe")
+        .expect("readyz said 503 while draining");
+    assert_eq!(not_ready["reason"], "draining", "{not_ready}");
+    let ClientEvent::Redirect(r) = v2
+        .wait_for("redirect", |e| matches!(e, ClientEvent::Redirect(_)))
+        .await
+    else {
+        unreachable!()
+    };
+    // A TCP client is sent to a TCP address, after a non-zero, jittered wait.
+    assert_eq!(r.address, "10.1.2.3:3000");
+    assert!(r.retry_after_ms >= 100 && r.jitter_ms > 0, "{r:?}");
     v2.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
         .await;
     let kept = hub

@@ -154,7 +154,7 @@ impl<T: Transport> Driver<T> {
 
     fn command(&mut self, c: ConnCommand) {
         match c {
-            ConnCommand::Push(p) => self.push(*p),
+            ConnCommand::Push(p) => self.push(Arc::unwrap_or_clone(p)),
             ConnCommand::Kicked(k) => self.machine.kick(&k.device_id, &k.user_id),
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
@@ -168,13 +168,15 @@ impl<T: Transport> Driver<T> {
 
     fn push(&mut self, p: OutboundPush) {
         let trace_id = p.trace_id.clone();
-        match self.machine.push(p.clone(), Instant::now()) {
+        match self.machine.push(p, Instant::now()) {
             Ok(_) => self.unwritten.push(trace_id),
             // Already in flight here (an inbox replay of a push under way).
             Err(PushError::Duplicate(_)) => {}
             Err(e) => {
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    self.gw.hub.settle_refused(user, info, &p, e.to_string());
+                    self.gw
+                        .hub
+                        .settle_refused(user, info, &trace_id, e.to_string());
                 }
             }
         }

@@ -91,7 +91,7 @@ impl Hub {
         };
         let message_id = self.next_message_id();
         let mut outcomes = Vec::with_capacity(users.len());
-        let mut remote: HashMap<String, Vec<(usize, Route, OutboundPush)>> = HashMap::new();
+        let mut remote: HashMap<String, Vec<(usize, Route, Arc<OutboundPush>)>> = HashMap::new();
         for (i, (user, targets)) in users.iter().zip(routes).enumerate() {
             let mut o = UserOutcome {
                 user_id: user.to_string(),
@@ -106,7 +106,7 @@ impl Hub {
                     Vec::new()
                 }
             };
-            let push = OutboundPush {
+            let push = Arc::new(OutboundPush {
                 message_id,
                 trace_id: trace_id.clone(),
                 content: spec.content.clone(),
@@ -117,7 +117,7 @@ impl Hub {
                     0
                 },
                 ack_timeout: spec.ack_timeout,
-            };
+            });
             if keep_secs > 0 && (spec.ack_mode != AckMode::None || targets.is_empty()) {
                 let stored = StoredMessage {
                     message_id: push.message_id,
@@ -158,7 +158,7 @@ impl Hub {
             for t in targets {
                 match t {
                     Target::Local(h) => {
-                        if self.send(&h, user, push.clone(), false) {
+                        if self.send(&h, user, &push, false) {
                             o.dispatched += 1;
                         }
                     }
@@ -185,7 +185,7 @@ impl Hub {
         &self,
         node_id: &str,
         users: &[Arc<str>],
-        pushes: Vec<(usize, Route, OutboundPush)>,
+        pushes: Vec<(usize, Route, Arc<OutboundPush>)>,
         outcomes: &mut [UserOutcome],
     ) {
         let Some(cl) = &self.cluster else {
@@ -304,7 +304,7 @@ impl Hub {
 
     /// A batch another node forwarded: to this node's connections.
     pub(super) fn deliver_forwarded(&self, b: v2::NodePushBatch) -> Vec<u32> {
-        let push = OutboundPush {
+        let push = Arc::new(OutboundPush {
             message_id: b.message_id,
             trace_id: b.trace_id.into(),
             content: Bytes::from(b.content),
@@ -312,7 +312,7 @@ impl Hub {
             expires_at_ms: b.expires_at_ms,
             ack_timeout: (b.ack_timeout_ms > 0)
                 .then(|| Duration::from_millis(u64::from(b.ack_timeout_ms))),
-        };
+        });
         b.recipients
             .iter()
             .map(|r| {
@@ -320,7 +320,7 @@ impl Hub {
                 let mut n = 0;
                 for h in self.router.local().lookup(&user) {
                     if (r.client_type == 0 || r.client_type == h.info.client_type)
-                        && self.send(&h, &user, push.clone(), false)
+                        && self.send(&h, &user, &push, false)
                     {
                         n += 1;
                     }
@@ -332,11 +332,16 @@ impl Hub {
 
     /// Hands a push to a connection's queue (DISPATCHED); a full queue is a
     /// slow consumer (FAILED), a closed one a user gone (OFFLINE).
-    fn send(&self, h: &ConnHandle, user: &Arc<str>, push: OutboundPush, broadcast: bool) -> bool {
-        let trace_id = push.trace_id.clone();
+    fn send(
+        &self,
+        h: &ConnHandle,
+        user: &Arc<str>,
+        push: &Arc<OutboundPush>,
+        broadcast: bool,
+    ) -> bool {
         let (state, detail): (TraceState, Option<Cow<'static, str>>) = match h
             .tx
-            .try_send(ConnCommand::Push(Box::new(push)))
+            .try_send(ConnCommand::Push(push.clone()))
         {
             Ok(()) => {
                 if broadcast {
@@ -353,7 +358,8 @@ impl Hub {
             }
             Err(SendError::Closed(_)) => (TraceState::Offline, Some("connection closed".into())),
         };
-        self.tracer.conn(&trace_id, user, &h.info, state, detail);
+        self.tracer
+            .conn(&push.trace_id, user, &h.info, state, detail);
         state == TraceState::Dispatched
     }
 
@@ -430,19 +436,19 @@ impl Hub {
             })
         };
         self.tracer.broadcast(&trace_id, targets.len() as u64);
-        let push = OutboundPush {
+        let push = Arc::new(OutboundPush {
             message_id,
             trace_id: trace_id.clone(),
             content: spec.content.clone(),
             ack_mode: spec.ack_mode,
             expires_at_ms: 0,
             ack_timeout: None,
-        };
+        });
         // Flow control in slices large enough that waiting costs nothing per message.
         for chunk in targets.chunks(1024) {
             self.broadcast_limiter.acquire(chunk.len()).await;
             for (user, h) in chunk {
-                self.send(h, user, push.clone(), true);
+                self.send(h, user, &push, true);
             }
         }
         metrics::counter!("mpush_broadcast_deliveries_total").increment(targets.len() as u64);
@@ -487,16 +493,11 @@ impl Hub {
         &self,
         user: &Arc<str>,
         info: &ConnInfo,
-        push: &OutboundPush,
+        trace_id: &Arc<str>,
         why: String,
     ) {
-        self.tracer.conn(
-            &push.trace_id,
-            user,
-            info,
-            TraceState::Failed,
-            Some(why.into()),
-        );
+        self.tracer
+            .conn(trace_id, user, info, TraceState::Failed, Some(why.into()));
     }
 
     /// A push was sent again (its history shows each resend).

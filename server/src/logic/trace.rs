@@ -32,15 +32,37 @@ enum Item {
     Event(TraceEvent),
     /// Events of this trace are counted, not recorded per recipient.
     Broadcast(Arc<str>),
-    /// Recipients a broadcast was handed to, in one number.
-    Dispatched(Arc<str>, u64),
 }
 
 pub struct Tracer {
     store: Arc<dyn TraceStore>,
     tx: mpsc::Sender<Item>,
     dropped: AtomicU64,
+    live: Live,
 }
+
+/// This node's broadcasts in progress: their deliveries and ACKs are counted
+/// here in place (a broadcast to 10k connections is 10k increments, not 10k
+/// queued events) and flushed by the writer a few times a second.
+type Live = Arc<dashmap::DashMap<Arc<str>, Arc<LiveCounts>>>;
+
+struct LiveCounts {
+    counts: [AtomicU64; 7],
+    since: std::time::Instant,
+}
+
+impl LiveCounts {
+    fn take(&self) -> StateCounts {
+        let mut c = StateCounts::default();
+        for s in TraceState::ALL {
+            c.add(s, self.counts[s as usize].swap(0, Ordering::Relaxed));
+        }
+        c
+    }
+}
+
+/// How often live broadcast counts reach the store.
+const FLUSH: Duration = Duration::from_millis(200);
 
 impl Tracer {
     /// Starts the writer task (it ends when the tracer is dropped). Each
@@ -48,11 +70,13 @@ impl Tracer {
     /// writer.
     pub fn new(store: Arc<dyn TraceStore>, node: Arc<str>, deadline: Duration) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write(store.clone(), node, rx, deadline));
+        let live = Live::default();
+        tokio::spawn(write(store.clone(), node, rx, deadline, live.clone()));
         Self {
             store,
             tx,
             dropped: AtomicU64::new(0),
+            live,
         }
     }
 
@@ -71,8 +95,14 @@ impl Tracer {
 
     /// Marks `trace_id` as a broadcast on this node: its events become counts.
     pub fn broadcast(&self, trace_id: &Arc<str>, dispatched: u64) {
+        let counts = LiveCounts {
+            counts: Default::default(),
+            since: std::time::Instant::now(),
+        };
+        counts.counts[TraceState::Dispatched as usize].store(dispatched, Ordering::Relaxed);
+        self.live.insert(trace_id.clone(), Arc::new(counts));
+        // Failures by device still travel as events (they are few and named).
         self.send(Item::Broadcast(trace_id.clone()));
-        self.send(Item::Dispatched(trace_id.clone(), dispatched));
     }
 
     /// One recipient's state change.
@@ -85,6 +115,14 @@ impl Tracer {
         state: TraceState,
         detail: Option<Cow<'static, str>>,
     ) {
+        if !matches!(
+            state,
+            TraceState::Failed | TraceState::Timeout | TraceState::Offline
+        ) && let Some(c) = self.live.get(trace_id)
+        {
+            c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         self.send(Item::Event(TraceEvent {
             trace_id: trace_id.clone(),
             user_id: user_id.clone(),
@@ -134,15 +172,24 @@ async fn write(
     node: Arc<str>,
     mut rx: mpsc::Receiver<Item>,
     deadline: Duration,
+    live: Live,
 ) {
+    let mut tick = tokio::time::interval(FLUSH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut broadcasts: FxHashSet<Arc<str>> = FxHashSet::default();
     let mut order: VecDeque<Arc<str>> = VecDeque::new();
     // Failures kept per broadcast on this node (beyond, only counted).
     let mut failures_kept: FxHashMap<Arc<str>, usize> = FxHashMap::default();
     let mut buf = Vec::with_capacity(BATCH);
-    while rx.recv_many(&mut buf, BATCH).await > 0 {
-        let mut events = Vec::new();
+    loop {
         let mut counts: FxHashMap<Arc<str>, TraceCounts> = FxHashMap::default();
+        tokio::select! {
+            n = rx.recv_many(&mut buf, BATCH) => if n == 0 { return },
+            _ = tick.tick() => {
+                flush_live(&live, &node, &mut counts);
+            }
+        }
+        let mut events = Vec::new();
         for item in buf.drain(..) {
             match item {
                 Item::Broadcast(t) => {
@@ -155,11 +202,6 @@ async fn write(
                             }
                         }
                     }
-                }
-                Item::Dispatched(t, n) => {
-                    entry(&mut counts, &node, &t)
-                        .counts
-                        .add(TraceState::Dispatched, n);
                 }
                 Item::Event(e) if broadcasts.contains(&e.trace_id) => {
                     let c = entry(&mut counts, &node, &e.trace_id);
@@ -200,6 +242,37 @@ async fn write(
         }
         if buf.capacity() > BATCH {
             buf = Vec::with_capacity(BATCH);
+        }
+    }
+}
+
+/// Moves the live broadcast counts into `counts`; forgets broadcasts that
+/// have been quiet for a minute, and the oldest beyond `BROADCASTS`.
+fn flush_live(live: &Live, node: &Arc<str>, counts: &mut FxHashMap<Arc<str>, TraceCounts>) {
+    let mut quiet = Vec::new();
+    for e in live.iter() {
+        let c = e.value().take();
+        if c.is_empty() {
+            if e.value().since.elapsed() > Duration::from_secs(60) {
+                quiet.push(e.key().clone());
+            }
+            continue;
+        }
+        entry(counts, node, e.key()).counts.merge(&c);
+    }
+    for k in quiet {
+        live.remove(&k);
+    }
+    if live.len() > BROADCASTS {
+        let mut all: Vec<(std::time::Instant, Arc<str>)> = live
+            .iter()
+            .map(|e| (e.value().since, e.key().clone()))
+            .collect();
+        all.sort();
+        for (_, k) in all.into_iter().take(live.len() - BROADCASTS) {
+            if let Some((k, c)) = live.remove(&k) {
+                entry(counts, node, &k).counts.merge(&c.take());
+            }
         }
     }
 }

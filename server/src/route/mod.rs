@@ -26,9 +26,9 @@ pub use table::RedisRoutes;
 /// What other tasks can ask of a connection.
 #[derive(Debug)]
 pub enum ConnCommand {
-    /// Boxed, like every variant: a command is two words, so each
-    /// connection's queue blocks stay small.
-    Push(Box<OutboundPush>),
+    /// Shared: a broadcast's one push goes to every connection without a
+    /// copy (or an allocation) per recipient.
+    Push(Arc<OutboundPush>),
     /// Another device took this connection's place: send KICK (mpush keeps
     /// the connection open; its client decides).
     Kicked(Box<Kick>),
