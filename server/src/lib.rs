@@ -38,6 +38,7 @@ pub struct Running {
     pub http: SocketAddr,
     pub hub: Arc<Hub>,
     tasks: Vec<JoinHandle<()>>,
+    http_stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// The process-wide Prometheus recorder (installed once, shared by servers
@@ -131,11 +132,14 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         header_timeout: Duration::from_millis(l.http_header_timeout_ms),
         idle_timeout: Duration::from_millis(l.http_idle_timeout_ms),
     };
+    // The API keeps answering through the drain (`/readyz` says 503, pushes
+    // are refused with 503) and stops when the drain is over.
+    let (http_stop, http_stopped) = tokio::sync::watch::channel(false);
     tasks.push(tokio::spawn(api::serve::serve(
         http,
         app,
         limits,
-        hub.shutdown_signal(),
+        http_stopped,
     )));
     Ok(Running {
         tcp: listeners.tcp,
@@ -143,6 +147,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         http: listeners.http,
         hub,
         tasks,
+        http_stop,
     })
 }
 
@@ -161,6 +166,7 @@ impl Running {
         while hub.connections() > 0 && t0.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let _ = self.http_stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
