@@ -269,6 +269,26 @@ async fn start_ideal_on(me: &Path, cpus: Option<&str>) -> Result<Ideal> {
     Ok(Ideal { proc, addr })
 }
 
+/// Waits until the ideal server itself has accepted `n` connections (the
+/// clients count a connection once the kernel took it, before the server's
+/// accept: a broadcast sent earlier would miss the last few).
+async fn ideal_accepted(ideal: &mut Ideal, n: usize, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = ideal.proc.ask("count", Duration::from_secs(10)).await?;
+        if v["conns"].as_u64().unwrap_or(0) as usize >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the ideal server accepted {} of {n} connections",
+                v["conns"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[derive(Debug, Default)]
 struct Totals {
     received: u64,
@@ -285,6 +305,20 @@ struct Workers {
 }
 
 impl Workers {
+    /// How many of `conns` connections `start` sends to each of `targets`.
+    fn split(conns: usize, targets: usize) -> Vec<usize> {
+        let targets = targets.max(1);
+        let count = conns.div_ceil(PER_WORKER).max(targets).max(1);
+        let mut per = vec![0; targets];
+        let mut first = 0;
+        for w in 0..count {
+            let n = (conns - first) / (count - w);
+            per[w % targets] += n;
+            first += n;
+        }
+        per
+    }
+
     /// Spreads `conns` over worker processes (at most `PER_WORKER` each, one
     /// source address each), the workers over `targets` round-robin.
     async fn start(
@@ -516,6 +550,8 @@ async fn ideal_memory(me: &Path, s: &Sizes) -> Result<(Ideal, Workers, f64)> {
     let n = s.conns as u64;
     w.wait("ideal connections", s.timeout, |t| t.bound >= n)
         .await?;
+    let mut ideal = ideal;
+    ideal_accepted(&mut ideal, s.conns, s.timeout).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let per = (rss_kb(pid).saturating_sub(before) * 1024) as f64 / s.conns as f64;
     Ok((ideal, w, per))
@@ -811,6 +847,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     .await?;
     iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
         .await?;
+    ideal_accepted(&mut ideal, n, s.timeout).await?;
     let cmd = format!("broadcast {back_to_back} {PAYLOAD}");
     let c5 = cpu_secs(ipid);
     measure(
@@ -902,6 +939,10 @@ async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) 
     let mut iw = Workers::start(me, &addrs, Transport::Ideal, false, n, 0).await?;
     iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
         .await?;
+    let want = Workers::split(n, ideals.len());
+    for (i, w) in ideals.iter_mut().zip(want) {
+        ideal_accepted(i, w, s.timeout).await?;
+    }
     let cmd = format!("broadcast {} {PAYLOAD}", s.broadcasts);
     let send = async {
         futures_util::future::try_join_all(ideals.iter_mut().map(|i| i.proc.ask(&cmd, s.timeout)))
