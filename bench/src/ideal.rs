@@ -58,7 +58,12 @@ pub async fn run(addr: &str) -> Result<()> {
     let queues: Queues = Arc::new(Mutex::new(Vec::new()));
     let q = queues.clone();
     tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
+        loop {
+            // An aborted connection (ECONNABORTED and the like) is not the
+            // end of the listener.
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
             let _ = sock.set_nodelay(true);
             let (tx, rx) = mpsc::channel(1024);
             if let Ok(mut v) = q.lock() {
