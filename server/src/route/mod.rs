@@ -195,10 +195,6 @@ impl Router {
         self.local.clone()
     }
 
-    pub fn is_clustered(&self) -> bool {
-        self.table.is_some()
-    }
-
     /// Registers a bound connection here and in the table. Returns the local
     /// connection it replaced and the route it replaced on another node.
     pub async fn bind(

@@ -85,10 +85,6 @@ impl ConnQueue {
         s.closed = true;
         s.items = VecDeque::new();
     }
-
-    pub fn is_closed(&self) -> bool {
-        self.state.lock().closed
-    }
 }
 
 #[cfg(test)]
