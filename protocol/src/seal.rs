@@ -85,21 +85,9 @@ impl Sealer {
         nonce[..4].copy_from_slice(prefix);
         nonce[4..].copy_from_slice(&n.to_be_bytes());
         *n += 1;
-        let mut flags = flags;
-        let compressed = compress_over(body, self.compress_over);
-        let mut data: &[u8] = body;
-        if let Some(c) = &compressed {
-            data = c;
-            flags = flags.with(Flags::COMPRESS);
-        }
-        match &self.cipher {
-            Some(c) => {
-                let flags = flags.with(Flags::CRYPTO);
-                let aad = aad(cmd, flags, session_id, self.side);
-                Packet::new(cmd, session_id, flags, c.seal_with_nonce(nonce, &aad, data))
-            }
-            None => Packet::new(cmd, session_id, flags, data.to_vec()),
-        }
+        self.seal_inner(cmd, session_id, flags, body, |c, aad, data| {
+            c.seal_with_nonce(nonce, aad, data)
+        })
     }
 
     pub fn cipher(&self) -> Option<&SessionCipher> {
@@ -128,6 +116,21 @@ impl Sealer {
         flags: Flags,
         body: &[u8],
     ) -> Packet {
+        self.seal_inner(cmd, session_id, flags, body, |c, aad, data| {
+            c.seal(rng, aad, data)
+        })
+    }
+
+    /// Compresses over the threshold, then seals with `seal` (given the
+    /// cipher, the associated data and the body) when there is a cipher.
+    fn seal_inner(
+        &self,
+        cmd: Command,
+        session_id: i32,
+        flags: Flags,
+        body: &[u8],
+        seal: impl FnOnce(&SessionCipher, &[u8], &[u8]) -> Vec<u8>,
+    ) -> Packet {
         let mut flags = flags;
         let compressed = compress_over(body, self.compress_over);
         let mut data: &[u8] = body;
@@ -138,7 +141,7 @@ impl Sealer {
         match &self.cipher {
             Some(c) => {
                 let flags = flags.with(Flags::CRYPTO);
-                let sealed = c.seal(rng, &aad(cmd, flags, session_id, self.side), data);
+                let sealed = seal(c, &aad(cmd, flags, session_id, self.side), data);
                 Packet::new(cmd, session_id, flags, sealed)
             }
             None => Packet::new(cmd, session_id, flags, data.to_vec()),
