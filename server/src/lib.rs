@@ -14,6 +14,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod gateway;
+mod json_u64;
 pub mod logic;
 pub mod redis_conn;
 pub mod route;

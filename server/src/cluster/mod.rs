@@ -67,7 +67,7 @@ pub struct KickMsg {
     pub user_id: String,
     pub client_type: i32,
     /// 0: every connection of the user (and client type, when not 0).
-    #[serde(with = "crate::cluster::u64_string")]
+    #[serde(with = "crate::json_u64")]
     pub conn_id: u64,
     /// Replaced by a login elsewhere (KICK, connection stays: mpush 7.4), or
     /// kicked by the API (KICK and close).
@@ -84,18 +84,6 @@ mod base64_bytes {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         base64::engine::general_purpose::STANDARD
             .decode(String::deserialize(d)?)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-pub(crate) mod u64_string {
-    use serde::{Deserialize, Deserializer, Serializer};
-    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&v.to_string())
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        String::deserialize(d)?
-            .parse()
             .map_err(serde::de::Error::custom)
     }
 }

@@ -118,22 +118,10 @@ pub struct Route {
     #[serde(skip)]
     pub client_type: i32,
     pub node: String,
-    #[serde(with = "as_string")]
+    #[serde(with = "crate::json_u64")]
     pub conn_id: u64,
     #[serde(default)]
     pub device_id: String,
-}
-
-mod as_string {
-    use serde::{Deserialize, Deserializer, Serializer};
-    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&v.to_string())
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 /// The route table could not be read or written.
