@@ -203,13 +203,16 @@ impl RedisTraces {
         events: Vec<TraceEvent>,
     ) -> Result<(), StoreError> {
         let key = format!("mp:trace:{trace_id}");
+        // A batch of a 1,000-user push names 2,000 fields: deduplicated by
+        // set, not by scanning the list.
         let mut fields: Vec<String> = vec!["_meta".into()];
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         for e in &events {
             for f in [
                 format!("{}|{}", e.user_id, e.device_id),
                 format!("{}|", e.user_id),
             ] {
-                if !fields.contains(&f) {
+                if seen.insert(f.clone()) {
                     fields.push(f);
                 }
             }
@@ -239,7 +242,7 @@ impl RedisTraces {
             })
             .collect();
         let mut deleted: Vec<String> = Vec::new();
-        let mut changed: Vec<String> = Vec::new();
+        let mut changed: std::collections::HashSet<String> = std::collections::HashSet::new();
         for e in events {
             let field = format!("{}|{}", e.user_id, e.device_id);
             let placeholder = format!("{}|", e.user_id);
@@ -252,7 +255,7 @@ impl RedisTraces {
                     // The offline placeholder becomes the device that got it.
                     Some(r) => {
                         deleted.push(placeholder.clone());
-                        changed.retain(|f| *f != placeholder);
+                        changed.remove(&placeholder);
                         r
                     }
                     None => RecipientState {
@@ -284,9 +287,7 @@ impl RedisTraces {
                 r.updated_at_ms = e.at_ms;
             }
             current.insert(field.clone(), r);
-            if !changed.contains(&field) {
-                changed.push(field);
-            }
+            changed.insert(field);
         }
         let mut p = redis::pipe();
         for f in &deleted {
