@@ -253,8 +253,40 @@ async fn redis_restart_keeps_local_delivery_and_cross_node_delivery_comes_back()
         .await;
     on_b.message("before").await;
 
+    // Readiness asks Redis at most once a second however often it is
+    // probed (the route is open without a token).
+    let pings = |v: redis::Value| {
+        let text = format!("{v:?}");
+        text.split("cmdstat_ping:calls=")
+            .nth(1)
+            .and_then(|r| r.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = pings(redis.query(&["INFO", "commandstats"]).await);
+    for _ in 0..200 {
+        let (st, _) = api_a.get("/readyz").await;
+        assert_eq!(st, 200);
+    }
+    let after = pings(redis.query(&["INFO", "commandstats"]).await);
+    assert!(
+        after - before <= 5,
+        "200 probes cost {} Redis PINGs",
+        after - before
+    );
+
     drop(redis);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Not ready while Redis is down.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (st, v) = api_a.get("/readyz").await;
+        if st == 503 {
+            assert!(v["reason"].as_str().unwrap_or("").contains("redis"), "{v}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still ready: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Local delivery never stops.
     let (st, r) = api_a
         .post(

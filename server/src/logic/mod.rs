@@ -74,6 +74,8 @@ pub struct Hub {
     /// Where clients are sent when this node drains (another node), chosen
     /// when the drain starts.
     redirect: RwLock<Option<NodeInfo>>,
+    /// The last Redis health check, for `ready`.
+    redis_health: parking_lot::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
 
 impl Hub {
@@ -169,6 +171,7 @@ impl Hub {
             shutdown: tokio::sync::watch::channel(false).0,
             listeners,
             redirect: RwLock::new(None),
+            redis_health: parking_lot::Mutex::new(None),
             cfg,
         });
         hub.spawn_background();
@@ -256,14 +259,28 @@ impl Hub {
     }
 
     /// Ready for traffic: not draining, and the Redis it needs answers.
+    /// `/readyz` is open without a token: Redis is asked at most once a
+    /// second, within the cluster timeout, whatever the probe rate.
     pub async fn ready(&self) -> Result<(), String> {
         if self.is_draining() {
             return Err("draining".into());
         }
-        if let Some(cl) = &self.cluster {
-            cl.ping().await.map_err(|e| format!("redis: {e}"))?;
+        let Some(cl) = &self.cluster else {
+            return Ok(());
+        };
+        if let Some((at, r)) = &*self.redis_health.lock()
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return r.clone();
         }
-        Ok(())
+        let limit = Duration::from_millis(self.cfg.settings.cluster.timeout_ms);
+        let r = match tokio::time::timeout(limit, cl.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("redis: {e}")),
+            Err(_) => Err("redis: no answer within cluster.timeout_ms".into()),
+        };
+        *self.redis_health.lock() = Some((std::time::Instant::now(), r.clone()));
+        r
     }
 
     /// The start of a drain: this node leaves the cluster and removes its
