@@ -31,6 +31,10 @@ impl Redis {
     }
 
     async fn start_with(port: u16, extra: &[&str]) -> Self {
+        // Its own working directory: a replica writes the RDB it syncs
+        // there, never into the work tree.
+        let dir = std::env::temp_dir().join(format!("mpush-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -41,6 +45,8 @@ impl Redis {
                 "",
                 "--appendonly",
                 "no",
+                "--dir",
+                &dir.to_string_lossy(),
             ])
             .args(extra)
             .stdout(Stdio::null())
