@@ -5,12 +5,11 @@
 //! failures by device, never one record per recipient.
 
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use crate::clock::unix_ms;
@@ -30,8 +29,8 @@ const BROADCASTS: usize = 4096;
 
 enum Item {
     Event(TraceEvent),
-    /// Events of this trace are counted, not recorded per recipient.
-    Broadcast(Arc<str>),
+    /// A broadcast's failure (already counted): kept by device, up to a bound.
+    BroadcastFailure(TraceEvent),
 }
 
 pub struct Tracer {
@@ -101,8 +100,6 @@ impl Tracer {
         };
         counts.counts[TraceState::Dispatched as usize].store(dispatched, Ordering::Relaxed);
         self.live.insert(trace_id.clone(), Arc::new(counts));
-        // Failures by device still travel as events (they are few and named).
-        self.send(Item::Broadcast(trace_id.clone()));
     }
 
     /// One recipient's state change.
@@ -115,15 +112,21 @@ impl Tracer {
         state: TraceState,
         detail: Option<Cow<'static, str>>,
     ) {
-        if !matches!(
+        let broadcast = match self.live.get(trace_id) {
+            Some(c) => {
+                c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        };
+        let failed = matches!(
             state,
             TraceState::Failed | TraceState::Timeout | TraceState::Offline
-        ) && let Some(c) = self.live.get(trace_id)
-        {
-            c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
+        );
+        if broadcast && !failed {
             return;
         }
-        self.send(Item::Event(TraceEvent {
+        let e = TraceEvent {
             trace_id: trace_id.clone(),
             user_id: user_id.clone(),
             device_id: device_id.clone(),
@@ -131,7 +134,13 @@ impl Tracer {
             state,
             detail,
             at_ms: unix_ms(),
-        }));
+        };
+        // A broadcast's failures also travel, named (they are few).
+        self.send(if broadcast {
+            Item::BroadcastFailure(e)
+        } else {
+            Item::Event(e)
+        });
     }
 
     /// A state change of a push on connection `info` of `user`.
@@ -176,8 +185,6 @@ async fn write(
 ) {
     let mut tick = tokio::time::interval(FLUSH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut broadcasts: FxHashSet<Arc<str>> = FxHashSet::default();
-    let mut order: VecDeque<Arc<str>> = VecDeque::new();
     // Failures kept per broadcast on this node (beyond, only counted).
     let mut failures_kept: FxHashMap<Arc<str>, usize> = FxHashMap::default();
     let mut buf = Vec::with_capacity(BATCH);
@@ -187,39 +194,24 @@ async fn write(
             n = rx.recv_many(&mut buf, BATCH) => if n == 0 { return },
             _ = tick.tick() => {
                 flush_live(&live, &node, &mut counts);
+                failures_kept.retain(|t, _| live.contains_key(t));
             }
         }
         let mut events = Vec::new();
         for item in buf.drain(..) {
             match item {
-                Item::Broadcast(t) => {
-                    if broadcasts.insert(t.clone()) {
-                        order.push_back(t);
-                        while order.len() > BROADCASTS {
-                            if let Some(old) = order.pop_front() {
-                                broadcasts.remove(&old);
-                                failures_kept.remove(&old);
-                            }
-                        }
-                    }
-                }
-                Item::Event(e) if broadcasts.contains(&e.trace_id) => {
-                    let c = entry(&mut counts, &node, &e.trace_id);
-                    c.counts.add(e.state, 1);
-                    if matches!(
-                        e.state,
-                        TraceState::Failed | TraceState::Timeout | TraceState::Offline
-                    ) {
-                        let kept = failures_kept.entry(e.trace_id.clone()).or_default();
-                        if *kept < MAX_FAILURES {
-                            *kept += 1;
-                            c.failures.push(Failure {
+                Item::BroadcastFailure(e) => {
+                    let kept = failures_kept.entry(e.trace_id.clone()).or_default();
+                    if *kept < MAX_FAILURES {
+                        *kept += 1;
+                        entry(&mut counts, &node, &e.trace_id)
+                            .failures
+                            .push(Failure {
                                 user_id: e.user_id.to_string(),
                                 device_id: e.device_id.to_string(),
                                 state: e.state,
                                 detail: e.detail.map(Cow::into_owned),
                             });
-                        }
                     }
                 }
                 Item::Event(e) => events.push(e),
