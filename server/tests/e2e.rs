@@ -775,3 +775,44 @@ async fn browser_routes_allocator_cors_and_demo() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&demo);
 }
+
+/// Retries follow the user for broadcasts too: a copy with an ACK mode that
+/// a connection never acknowledged goes to the user's inbox when it closes.
+#[tokio::test]
+async fn an_unacked_broadcast_copy_goes_to_the_inbox_when_the_connection_closes() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut c = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("bc-1", "android"),
+        "hana",
+        "",
+    )
+    .await;
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "to everyone", "ackMode": "biz"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    c.message("to everyone").await;
+    let (_, u) = api.get("/api/v1/users/hana").await;
+    assert_eq!(
+        u["inbox"], 0,
+        "a broadcast is not stored while it is in flight: {u}"
+    );
+    c.close();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, u) = api.get("/api/v1/users/hana").await;
+        if u["inbox"] == 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not kept: {u}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await;
+}

@@ -557,10 +557,25 @@ impl Hub {
             .unwrap_or(86_400)
             .saturating_mul(1000);
         for p in unacked {
-            let expires_at_ms = match i64::try_from(p.expires_at_ms).unwrap_or(0) {
-                0 => unix_ms() + keep_ms,
-                t => t,
-            };
+            // A push with an expiry came from the inbox or was put there when
+            // it was sent (`push_users`): it is there already, and storing it
+            // again would cost the store a round trip per message on every
+            // close (a drain closes them all at once). Only pushes without one
+            // (a broadcast's) are kept now.
+            if p.expires_at_ms != 0 {
+                self.tracer.conn(
+                    &p.trace_id,
+                    user,
+                    info,
+                    TraceState::Offline,
+                    Some(
+                        "connection closed before the ACK; kept for the user's next connection"
+                            .into(),
+                    ),
+                );
+                continue;
+            }
+            let expires_at_ms = unix_ms() + keep_ms;
             let kept = StoredMessage {
                 message_id: p.message_id,
                 trace_id: p.trace_id.clone(),
