@@ -145,6 +145,13 @@ pub enum ClientEvent {
     PushTimedOut {
         request: i32,
     },
+    /// v2: the server refused an up-push (`ErrorCode::RETRY_LATER`: send it
+    /// again later; `ErrorCode::REJECTED`: never as sent). The connection stays.
+    PushRefused {
+        request: i32,
+        code: ErrorCode,
+        reason: String,
+    },
     Kicked {
         device_id: String,
         user_id: String,
@@ -466,12 +473,26 @@ impl ClientConnection {
         timeout: Duration,
         now: Instant,
     ) -> Result<i32, ClientError> {
+        let message_id = rand_core::Rng::next_u64(&mut self.rng);
+        self.push_with_id(content, message_id, ack_mode, timeout, now)
+    }
+
+    /// `push` with the caller's message id (v2): a message sent again after a
+    /// reconnect keeps its id, so the backend can tell it is the same one.
+    pub fn push_with_id(
+        &mut self,
+        content: &[u8],
+        message_id: u64,
+        ack_mode: AckMode,
+        timeout: Duration,
+        now: Instant,
+    ) -> Result<i32, ClientError> {
         self.ready()?;
         let id = self.next_id();
         let body = match self.profile {
             Profile::Legacy => content.to_vec(),
             Profile::V2 => prost::Message::encode_to_vec(&v2::PushEnvelope {
-                message_id: rand_core::Rng::next_u64(&mut self.rng),
+                message_id,
                 content: content.to_vec(),
                 ack_mode: ack_mode.to_v2(),
                 ..Default::default()
@@ -814,6 +835,20 @@ impl ClientConnection {
                 self.start_handshake(now);
             }
             Command::HANDSHAKE if e.code == ErrorCode::REPEAT_HANDSHAKE => {}
+            Command::PUSH
+                if matches!(e.code, ErrorCode::RETRY_LATER | ErrorCode::REJECTED)
+                    && self
+                        .pending
+                        .get(&p.session_id)
+                        .is_some_and(|r| r.kind == RequestKind::Push) =>
+            {
+                self.pending.remove(&p.session_id);
+                self.events.push_back(ClientEvent::PushRefused {
+                    request: p.session_id,
+                    code: e.code,
+                    reason: e.reason,
+                });
+            }
             Command::HANDSHAKE => self.close_with(
                 ClientCloseReason::HandshakeRefused {
                     code: e.code,

@@ -20,7 +20,9 @@ use crate::liveness::{Check, Liveness};
 use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
 use crate::pending::PendingPushes;
-use crate::server::{CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent};
+use crate::server::{
+    CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent, UpPushRefusal, UpPushReply,
+};
 use crate::session::{AckMode, DeviceInfo, Profile};
 
 const FIRST_PUSH_ID: i32 = 0x4000_0000;
@@ -126,13 +128,14 @@ impl JsonServerConnection {
                         ProtocolError::State("push before handshake"),
                     );
                 }
-                if AckMode::from_flags(p.flags) == AckMode::Auto {
-                    self.out
-                        .push_back(JsonPacket::new(Command::ACK, p.session_id, None).to_text());
-                }
                 self.events.push_back(ServerEvent::UpPush {
                     content: p.str_field("content").into_bytes().into(),
                     message_id: None,
+                    reply: UpPushReply {
+                        request: p.session_id,
+                        message_id: None,
+                        wants_ack: AckMode::from_flags(p.flags) == AckMode::Auto,
+                    },
                 });
             }
             Command::ACK => {
@@ -216,6 +219,20 @@ impl JsonServerConnection {
                     .push_back(json::error(Command::BIND, request, 0, "bind failed").to_text());
                 self.close_with(CloseReason::Refused(reason));
             }
+        }
+    }
+
+    /// Answer to `UpPush`: the ACK the client asked for once accepted; no
+    /// answer when refused (mpush's JavaScript client has no refusal, and an
+    /// ERROR would end its connection): its push callback times out.
+    pub fn handle_up_push_result(
+        &mut self,
+        reply: UpPushReply,
+        result: Result<(), UpPushRefusal>,
+    ) {
+        if result.is_ok() && reply.wants_ack && !self.is_closed() {
+            self.out
+                .push_back(JsonPacket::new(Command::ACK, reply.request, None).to_text());
         }
     }
 

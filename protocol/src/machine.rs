@@ -9,7 +9,9 @@ use web_time::Instant;
 use crate::error::CryptoError;
 use crate::json_server::JsonServerConnection;
 use crate::message::Redirect;
-use crate::server::{OutboundPush, PushError, ServerConnection, ServerEvent};
+use crate::server::{
+    OutboundPush, PushError, ServerConnection, ServerEvent, UpPushRefusal, UpPushReply,
+};
 use crate::session::SessionRecord;
 
 /// What came from the socket.
@@ -53,6 +55,7 @@ pub trait ServerMachine: Send {
     fn handle_resume_result(&mut self, record: Option<SessionRecord>, now: Instant);
     fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>);
     fn handle_unbind_result(&mut self, request: i32, ok: bool);
+    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>);
 }
 
 impl ServerMachine for ServerConnection {
@@ -105,6 +108,9 @@ impl ServerMachine for ServerConnection {
     }
     fn handle_unbind_result(&mut self, request: i32, ok: bool) {
         ServerConnection::handle_unbind_result(self, request, ok);
+    }
+    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
+        ServerConnection::handle_up_push_result(self, reply, result);
     }
 }
 
@@ -159,5 +165,8 @@ impl ServerMachine for JsonServerConnection {
     }
     fn handle_unbind_result(&mut self, request: i32, ok: bool) {
         JsonServerConnection::handle_unbind_result(self, request, ok);
+    }
+    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
+        JsonServerConnection::handle_up_push_result(self, reply, result);
     }
 }

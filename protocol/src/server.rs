@@ -183,10 +183,14 @@ pub enum ServerEvent {
     },
     /// Remove the route, then call `handle_unbind_result`.
     UnbindRequested { request: i32, user_id: String },
-    /// The client sent a message up.
+    /// The client sent a message up: accept it (hand it on) or refuse it,
+    /// then answer with `handle_up_push_result(reply, ..)`. The machine
+    /// sends no ACK of its own: the client's ACK means "accepted".
     UpPush {
         content: Bytes,
+        /// The client's id for it (v2): the same on every resend.
         message_id: Option<u64>,
+        reply: UpPushReply,
     },
     /// HTTP proxy request; answer with `http_response`.
     HttpProxy { request: i32, http: HttpRequest },
@@ -206,6 +210,33 @@ pub enum ServerEvent {
         reason: CloseReason,
         unacked: Vec<OutboundPush>,
     },
+}
+
+/// What answering an up-push needs: hand it back to `handle_up_push_result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpPushReply {
+    pub request: i32,
+    pub message_id: Option<u64>,
+    /// The client asked for an ACK.
+    pub wants_ack: bool,
+}
+
+/// Why an up-push was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpPushRefusal {
+    /// Not now (sinks full or unavailable, sender over its rate): the same
+    /// message may be sent again later.
+    RetryLater(String),
+    /// Never as sent (e.g. not bound).
+    Rejected(String),
+}
+
+impl UpPushRefusal {
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::RetryLater(r) | Self::Rejected(r) => r,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -538,6 +569,40 @@ impl ServerConnection {
                 );
                 self.close_with(CloseReason::Refused(reason));
             }
+        }
+    }
+
+    /// Answer to `UpPush`. Accepted: the ACK the client asked for. Refused:
+    /// a v2 client gets ERROR(PUSH, RETRY_LATER | REJECTED) and keeps its
+    /// connection; a legacy client gets no answer (an mpush client reconnects
+    /// on any ERROR; without the ACK its push callback times out instead).
+    pub fn handle_up_push_result(
+        &mut self,
+        reply: UpPushReply,
+        result: Result<(), UpPushRefusal>,
+    ) {
+        if !self.is_established() {
+            return;
+        }
+        match result {
+            Ok(()) if reply.wants_ack => {
+                let ack = Ack {
+                    message_ids: reply.message_id.into_iter().collect(),
+                };
+                self.send_ack(reply.request, &ack);
+            }
+            Ok(()) => {}
+            Err(refusal) if self.profile == Profile::V2 => {
+                let code = match refusal {
+                    UpPushRefusal::RetryLater(_) => ErrorCode::RETRY_LATER,
+                    UpPushRefusal::Rejected(_) => ErrorCode::REJECTED,
+                };
+                self.reply_error(
+                    ErrorMessage::with_reason(Command::PUSH, code, refusal.reason()),
+                    reply.request,
+                );
+            }
+            Err(_) => {}
         }
     }
 
@@ -960,15 +1025,14 @@ impl ServerConnection {
                 (Bytes::from(env.content), Some(env.message_id))
             }
         };
-        if AckMode::from_flags(p.flags) == AckMode::Auto {
-            let ack = Ack {
-                message_ids: message_id.into_iter().collect(),
-            };
-            self.send_ack(p.session_id, &ack);
-        }
         self.events.push_back(ServerEvent::UpPush {
             content,
             message_id,
+            reply: UpPushReply {
+                request: p.session_id,
+                message_id,
+                wants_ack: AckMode::from_flags(p.flags) == AckMode::Auto,
+            },
         });
         Ok(())
     }

@@ -149,6 +149,8 @@ pub struct Pair {
     /// The simulated session store.
     pub sessions: HashMap<String, SessionRecord>,
     pub bind_policy: BindPolicy,
+    /// How the simulated server answers up-pushes: `None` accepts them.
+    pub up_push_refusal: Option<crate::server::UpPushRefusal>,
     pub client_config: Arc<ClientConfig>,
     pub server_config: Arc<ServerConfig>,
     rng: Rng,
@@ -231,6 +233,7 @@ impl Pair {
             server_events: Vec::new(),
             sessions: HashMap::new(),
             bind_policy: BindPolicy::Accept,
+            up_push_refusal: None,
             client_config,
             server_config,
             rng,
@@ -339,6 +342,13 @@ impl Pair {
             }
             ServerEvent::UnbindRequested { request, .. } => {
                 self.server.handle_unbind_result(*request, true);
+            }
+            ServerEvent::UpPush { reply, .. } => {
+                let result = match &self.up_push_refusal {
+                    None => Ok(()),
+                    Some(r) => Err(r.clone()),
+                };
+                self.server.handle_up_push_result(*reply, result);
             }
             _ => {}
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use mpush_protocol::client::{ClientCloseReason, ClientEvent};
 use mpush_protocol::message::{ErrorCode, Redirect};
-use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerEvent};
+use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerEvent, UpPushRefusal};
 use mpush_protocol::session::{AckMode, Profile, ResumeTicket, SessionSecret};
 use mpush_protocol::testing::{BindPolicy, LinkFaults, Pair};
 
@@ -503,13 +503,89 @@ fn up_push_with_auto_ack_is_acknowledged() {
         p.run_for(SEC);
         assert!(p.server_events.iter().any(|e| matches!(
             e,
-            ServerEvent::UpPush { content, message_id } if &content[..] == b"up!" && message_id.is_some() == v2
+            ServerEvent::UpPush { content, message_id, .. } if &content[..] == b"up!" && message_id.is_some() == v2
         )));
         assert!(
             p.client_events
                 .contains(&ClientEvent::PushAcked { request: id })
         );
     }
+}
+
+#[test]
+fn up_push_keeps_its_message_id_on_a_resend() {
+    let mut p = handshake(161, true, true);
+    bind(&mut p, "u");
+    let now = p.now;
+    p.client
+        .push_with_id(b"a", 77, AckMode::Auto, 3 * SEC, now)
+        .expect("push");
+    p.client
+        .push_with_id(b"a", 77, AckMode::Auto, 3 * SEC, now)
+        .expect("again");
+    p.pump();
+    p.run_for(SEC);
+    let ids: Vec<Option<u64>> = p
+        .server_events
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::UpPush { message_id, .. } => Some(*message_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, vec![Some(77), Some(77)]);
+}
+
+#[test]
+fn a_refused_up_push_is_reported_and_the_connection_stays() {
+    // v2: ERROR(PUSH, RETRY_LATER) becomes PushRefused; the link stays up
+    // and the next push goes through.
+    let mut p = handshake(162, true, true);
+    bind(&mut p, "u");
+    p.up_push_refusal = Some(UpPushRefusal::RetryLater("sinks full".into()));
+    let now = p.now;
+    let id = p
+        .client
+        .push(b"up!", AckMode::Auto, 3 * SEC, now)
+        .expect("push");
+    p.pump();
+    p.run_for(SEC);
+    assert!(p.client_events.iter().any(|e| matches!(
+        e,
+        ClientEvent::PushRefused { request, code: ErrorCode::RETRY_LATER, reason }
+            if *request == id && reason == "sinks full"
+    )));
+    assert!(!p.client.is_closed() && !p.server.is_closed());
+    p.up_push_refusal = None;
+    let now = p.now;
+    let id = p
+        .client
+        .push(b"again", AckMode::Auto, 3 * SEC, now)
+        .expect("push");
+    p.pump();
+    p.run_for(SEC);
+    assert!(
+        p.client_events
+            .contains(&ClientEvent::PushAcked { request: id })
+    );
+
+    // Legacy: no ERROR (an mpush client reconnects on one): no ACK, so the
+    // client's wait times out, and the connection stays.
+    let mut p = handshake(163, false, false);
+    bind(&mut p, "u");
+    p.up_push_refusal = Some(UpPushRefusal::RetryLater("sinks full".into()));
+    let now = p.now;
+    let id = p
+        .client
+        .push(b"up!", AckMode::Auto, 3 * SEC, now)
+        .expect("push");
+    p.pump();
+    p.run_for(4 * SEC);
+    assert!(
+        p.client_events
+            .contains(&ClientEvent::PushTimedOut { request: id })
+    );
+    assert!(!p.client.is_closed() && !p.server.is_closed());
 }
 
 #[test]

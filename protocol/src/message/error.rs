@@ -19,6 +19,11 @@ impl ErrorCode {
     pub const REPEAT_HANDSHAKE: Self = Self(102);
     pub const SESSION_EXPIRED: Self = Self(103);
     pub const INVALID_DEVICE: Self = Self(104);
+    /// v2: an up-push the server could not accept now (its sinks are full or
+    /// the sender is over its rate); send it again later.
+    pub const RETRY_LATER: Self = Self(105);
+    /// v2: an up-push the server will never accept as sent (not bound).
+    pub const REJECTED: Self = Self(106);
 
     /// The reason string mpush sends with this code.
     pub fn reason(self) -> &'static str {
@@ -32,6 +37,8 @@ impl ErrorCode {
             Self::REPEAT_HANDSHAKE => "repeat handshake",
             Self::SESSION_EXPIRED => "session expired",
             Self::INVALID_DEVICE => "invalid device",
+            Self::RETRY_LATER => "retry later",
+            Self::REJECTED => "rejected",
             _ => "",
         }
     }
