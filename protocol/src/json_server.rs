@@ -225,11 +225,7 @@ impl JsonServerConnection {
     /// Answer to `UpPush`: the ACK the client asked for once accepted; no
     /// answer when refused (mpush's JavaScript client has no refusal, and an
     /// ERROR would end its connection): its push callback times out.
-    pub fn handle_up_push_result(
-        &mut self,
-        reply: UpPushReply,
-        result: Result<(), UpPushRefusal>,
-    ) {
+    pub fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
         if result.is_ok() && reply.wants_ack && !self.is_closed() {
             self.out
                 .push_back(JsonPacket::new(Command::ACK, reply.request, None).to_text());

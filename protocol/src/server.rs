@@ -576,11 +576,7 @@ impl ServerConnection {
     /// a v2 client gets ERROR(PUSH, RETRY_LATER | REJECTED) and keeps its
     /// connection; a legacy client gets no answer (an mpush client reconnects
     /// on any ERROR; without the ACK its push callback times out instead).
-    pub fn handle_up_push_result(
-        &mut self,
-        reply: UpPushReply,
-        result: Result<(), UpPushRefusal>,
-    ) {
+    pub fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
         if !self.is_established() {
             return;
         }

@@ -96,7 +96,7 @@ enum Cmd {
     ),
     Unbind,
     Ack(u64, oneshot::Sender<Result<(), SessionError>>),
-    Push(Vec<u8>, AckMode, oneshot::Sender<Result<u64, SessionError>>),
+    Push(Vec<u8>, AckMode, oneshot::Sender<Result<(), SessionError>>),
     Network(bool),
     Foreground(bool),
     Close,
@@ -172,8 +172,13 @@ impl ClientHandle {
         self.send(Cmd::Ack(ack_id, tx))
     }
 
-    /// Sends a message up (queued while offline).
-    pub async fn push(&self, content: &[u8], ack_mode: AckMode) -> Result<u64, SessionError> {
+    /// Sends a message up (queued while offline, and kept across
+    /// reconnects until the server answers). With an ACK mode, resolves once
+    /// the server accepted it; fails with `SessionError::RetryLater` when it
+    /// could not take it now (`error.retryable()`), `PushRejected` when it
+    /// never will, `QueueFull` when too many are waiting. Without, resolves
+    /// once it is queued to be sent.
+    pub async fn push(&self, content: &[u8], ack_mode: AckMode) -> Result<(), SessionError> {
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::Push(content.to_vec(), ack_mode, tx))?;
         rx.await.unwrap_or(Err(SessionError::Stopped))
@@ -324,6 +329,9 @@ async fn run(
     );
     let mut conn: Option<Conn> = None;
     let mut buf = vec![0u8; 16 * 1024];
+    // Up-pushes waiting for the server's answer, by session request id.
+    let mut pushes: std::collections::HashMap<u64, oneshot::Sender<Result<(), SessionError>>> =
+        std::collections::HashMap::new();
     loop {
         while let Some(a) = session.poll_action() {
             match a {
@@ -366,7 +374,25 @@ async fn run(
             {
                 let _ = store.save(ticket);
             }
-            stopped |= matches!(e, SessionEvent::Stopped { .. });
+            match &e {
+                SessionEvent::PushAcked { request } => {
+                    if let Some(tx) = pushes.remove(request) {
+                        let _ = tx.send(Ok(()));
+                    }
+                }
+                SessionEvent::PushFailed { request, error } => {
+                    if let Some(tx) = pushes.remove(request) {
+                        let _ = tx.send(Err(error.clone()));
+                    }
+                }
+                SessionEvent::Stopped { .. } => {
+                    stopped = true;
+                    for (_, tx) in pushes.drain() {
+                        let _ = tx.send(Err(SessionError::Stopped));
+                    }
+                }
+                _ => {}
+            }
             let _ = events.send(e);
         }
         if stopped && session.poll_action().is_none() {
@@ -382,7 +408,11 @@ async fn run(
                     Some(Cmd::Bind(u, t, k, tx)) => { let _ = tx.send(session.bind(&u, &t, &k, now)); }
                     Some(Cmd::Unbind) => { let _ = session.unbind(now); }
                     Some(Cmd::Ack(id, tx)) => { let _ = tx.send(session.ack(id, now)); }
-                    Some(Cmd::Push(b, m, tx)) => { let _ = tx.send(session.push(&b, m, now)); }
+                    Some(Cmd::Push(b, m, tx)) => match session.push(&b, m, now) {
+                        Ok(request) if m != AckMode::None => { pushes.insert(request, tx); }
+                        Ok(_) => { let _ = tx.send(Ok(())); }
+                        Err(e) => { let _ = tx.send(Err(e)); }
+                    },
                     Some(Cmd::Network(true)) => session.network_available(now),
                     Some(Cmd::Network(false)) => session.network_lost(),
                     Some(Cmd::Foreground(true)) => session.foreground(now),

@@ -21,6 +21,7 @@ use mpush_protocol::client::{
 };
 use mpush_protocol::crypto::{Rng, RsaPublic, random_array};
 use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::message::ErrorCode;
 use mpush_protocol::session::{AckMode, DeviceInfo, Profile, ResumeTicket};
 use rand_core::{Rng as _, SeedableRng};
 
@@ -129,12 +130,16 @@ pub enum SessionEvent {
     TicketUpdated {
         ticket: String,
     },
+    /// The server accepted the up-push `request` (its sinks have it).
     PushAcked {
         request: u64,
     },
+    /// The up-push `request` was not accepted: `error.retryable()` says
+    /// whether sending it again later may work (`retry_later`) or not
+    /// (`push_rejected`).
     PushFailed {
         request: u64,
-        reason: String,
+        error: SessionError,
     },
     /// The session will not reconnect (closed by the app, or refused for good).
     Stopped {
@@ -152,6 +157,13 @@ pub enum SessionError {
     Stopped,
     #[error("unknown ack id {0}")]
     UnknownAck(u64),
+    /// The server could not take the up-push now (its sinks are full, the
+    /// sender is over its rate) or did not answer in time: send it again later.
+    #[error("retry later: {0}")]
+    RetryLater(String),
+    /// The server will not take the up-push as sent (e.g. not bound).
+    #[error("the server rejected the push: {0}")]
+    PushRejected(String),
 }
 
 impl SessionError {
@@ -161,16 +173,33 @@ impl SessionError {
             Self::QueueFull(_) => "queue_full",
             Self::Stopped => "stopped",
             Self::UnknownAck(_) => "unknown_ack",
+            Self::RetryLater(_) => "retry_later",
+            Self::PushRejected(_) => "push_rejected",
         }
+    }
+
+    /// Doing the same again later may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::QueueFull(_) | Self::RetryLater(_))
     }
 
     /// One error of every kind, for the bindings' tests that map each.
     pub fn every_kind() -> Vec<SessionError> {
-        let all = vec![Self::QueueFull(0), Self::Stopped, Self::UnknownAck(0)];
+        let all = vec![
+            Self::QueueFull(0),
+            Self::Stopped,
+            Self::UnknownAck(0),
+            Self::RetryLater(String::new()),
+            Self::PushRejected(String::new()),
+        ];
         // Adding a variant breaks this match: add it to the list above too.
         for e in &all {
             match e {
-                Self::QueueFull(_) | Self::Stopped | Self::UnknownAck(_) => {}
+                Self::QueueFull(_)
+                | Self::Stopped
+                | Self::UnknownAck(_)
+                | Self::RetryLater(_)
+                | Self::PushRejected(_) => {}
             }
         }
         all
@@ -178,13 +207,19 @@ impl SessionError {
 }
 
 enum Outbound {
-    Push {
-        request: u64,
-        content: Bytes,
-        ack_mode: AckMode,
-        timeout: Duration,
-    },
+    Push(UpPush),
     Ack(AckToken),
+}
+
+/// An up-push until the server accepted it: sent again, with the same
+/// message id, after a reconnect.
+#[derive(Clone)]
+struct UpPush {
+    request: u64,
+    message_id: u64,
+    content: Bytes,
+    ack_mode: AckMode,
+    timeout: Duration,
 }
 
 enum Link {
@@ -220,8 +255,9 @@ pub struct Session {
     user: Option<(String, String, String)>,
     outbound: VecDeque<Outbound>,
     next_request: u64,
-    /// Up-push requests: connection request id → session request id.
-    requests: HashMap<i32, u64>,
+    /// Up-pushes sent and waiting for the server's answer, by connection
+    /// request id; queued again if the connection drops first.
+    requests: HashMap<i32, UpPush>,
     /// Open ACK handles: ack id → (connection generation, token).
     /// Bounded by `dedup_capacity` (oldest out): an app that never
     /// acknowledges cannot grow it without end; the server resends those.
@@ -486,7 +522,10 @@ impl Session {
     }
 
     /// Sends a message up; queued while offline. Returns a request id that
-    /// `PushAcked`/`PushFailed` name when `ack_mode` is not `None`.
+    /// `PushAcked` (the server accepted it) or `PushFailed` names when
+    /// `ack_mode` is not `None`. Until accepted it is kept (and sent again,
+    /// with the same message id, after a reconnect); unanswered and queued
+    /// up-pushes together are bounded by `outbound_capacity`.
     pub fn push(
         &mut self,
         content: &[u8],
@@ -494,14 +533,19 @@ impl Session {
         now: Instant,
     ) -> Result<u64, SessionError> {
         self.alive()?;
+        let held = self.outbound.len() + self.requests.len();
+        if held >= self.config.outbound_capacity {
+            return Err(SessionError::QueueFull(held));
+        }
         let request = self.next_request;
         self.next_request += 1;
-        let item = Outbound::Push {
+        let item = Outbound::Push(UpPush {
             request,
+            message_id: self.rng.next_u64(),
             content: Bytes::copy_from_slice(content),
             ack_mode,
             timeout: Duration::from_secs(10),
-        };
+        });
         if self.is_connected() {
             self.send_outbound(item, now);
             self.pump(now);
@@ -598,11 +642,12 @@ impl Session {
         }
         // Legacy ACKs name packets of this connection: moot once it is gone.
         self.acks.retain(|_, (_, t)| t.message_id.is_some());
-        for (_, session_request) in self.requests.drain() {
-            self.events.push_back(SessionEvent::PushFailed {
-                request: session_request,
-                reason: "connection lost".into(),
-            });
+        // Up-pushes not answered yet go first on the next connection, in
+        // the order they were made, with their message ids.
+        let mut unanswered: Vec<UpPush> = self.requests.drain().map(|(_, p)| p).collect();
+        unanswered.sort_by_key(|p| p.request);
+        for p in unanswered.into_iter().rev() {
+            self.outbound.push_front(Outbound::Push(p));
         }
         self.link = Link::Stopped;
     }
@@ -612,21 +657,18 @@ impl Session {
             return;
         };
         match item {
-            Outbound::Push {
-                request,
-                content,
-                ack_mode,
-                timeout,
-            } => match conn.push(&content, ack_mode, timeout, now) {
-                Ok(id) if ack_mode != AckMode::None => {
-                    self.requests.insert(id, request);
+            Outbound::Push(p) => {
+                match conn.push_with_id(&p.content, p.message_id, p.ack_mode, p.timeout, now) {
+                    Ok(id) if p.ack_mode != AckMode::None => {
+                        self.requests.insert(id, p);
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.events.push_back(SessionEvent::PushFailed {
+                        request: p.request,
+                        error: SessionError::PushRejected(e.to_string()),
+                    }),
                 }
-                Ok(_) => {}
-                Err(e) => self.events.push_back(SessionEvent::PushFailed {
-                    request,
-                    reason: e.to_string(),
-                }),
-            },
+            }
             Outbound::Ack(token) => {
                 let _ = conn.ack(token, now);
             }
@@ -712,16 +754,33 @@ impl Session {
                 }));
             }
             ClientEvent::PushAcked { request } => {
-                if let Some(r) = self.requests.remove(&request) {
+                if let Some(p) = self.requests.remove(&request) {
                     self.events
-                        .push_back(SessionEvent::PushAcked { request: r });
+                        .push_back(SessionEvent::PushAcked { request: p.request });
                 }
             }
             ClientEvent::PushTimedOut { request } => {
-                if let Some(r) = self.requests.remove(&request) {
+                if let Some(p) = self.requests.remove(&request) {
                     self.events.push_back(SessionEvent::PushFailed {
-                        request: r,
-                        reason: "no ACK from the server".into(),
+                        request: p.request,
+                        error: SessionError::RetryLater("no answer from the server in time".into()),
+                    });
+                }
+            }
+            ClientEvent::PushRefused {
+                request,
+                code,
+                reason,
+            } => {
+                if let Some(p) = self.requests.remove(&request) {
+                    let error = if code == ErrorCode::RETRY_LATER {
+                        SessionError::RetryLater(reason)
+                    } else {
+                        SessionError::PushRejected(reason)
+                    };
+                    self.events.push_back(SessionEvent::PushFailed {
+                        request: p.request,
+                        error,
                     });
                 }
             }

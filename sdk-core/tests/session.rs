@@ -10,7 +10,9 @@ use bytes::Bytes;
 use mpush_protocol::Instant;
 use mpush_protocol::crypto::RsaPrivate;
 use mpush_protocol::message::Redirect;
-use mpush_protocol::server::{OutboundPush, ServerConfig, ServerConnection, ServerEvent};
+use mpush_protocol::server::{
+    OutboundPush, ServerConfig, ServerConnection, ServerEvent, UpPushRefusal,
+};
 use mpush_protocol::session::{AckMode, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
 use mpush_sdk_core::{Action, Session, SessionConfig, SessionError, SessionEvent};
@@ -135,6 +137,17 @@ impl Net {
                     Ok(())
                 };
                 s.handle_bind_result(*request, user_id, result);
+            }
+            ServerEvent::UpPush { content, reply, .. } => {
+                let result = if content.starts_with(b"busy") {
+                    Err(UpPushRefusal::RetryLater("sinks full".into()))
+                } else if content.starts_with(b"hold") {
+                    // No answer (a server that lost it, or died).
+                    return;
+                } else {
+                    Ok(())
+                };
+                s.handle_up_push_result(*reply, result);
             }
             _ => {}
         }
@@ -334,6 +347,75 @@ fn offline_pushes_and_acks_are_queued_and_flushed_in_order() {
             .iter()
             .any(|e| matches!(e, ServerEvent::Acked { push } if push.message_id == 5))
     );
+}
+
+#[test]
+fn a_refused_up_push_fails_retryable_and_the_connection_stays() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    let r = n
+        .session
+        .push(b"busy now", AckMode::Auto, now)
+        .expect("sent");
+    n.pump();
+    n.advance(Duration::from_secs(1));
+    let error = n
+        .events
+        .iter()
+        .find_map(|e| match e {
+            SessionEvent::PushFailed { request, error } if *request == r => Some(error.clone()),
+            _ => None,
+        })
+        .expect("refused");
+    assert_eq!(error, SessionError::RetryLater("sinks full".into()));
+    assert!(error.retryable());
+    assert_eq!(error.code(), "retry_later");
+    let now = n.now;
+    let r2 = n.session.push(b"fine", AckMode::Auto, now).expect("sent");
+    n.pump();
+    n.advance(Duration::from_secs(1));
+    assert!(n.events.contains(&SessionEvent::PushAcked { request: r2 }));
+    assert_eq!(
+        n.count(|e| matches!(e, SessionEvent::Connected { .. })),
+        1,
+        "no reconnect"
+    );
+}
+
+#[test]
+fn an_unanswered_up_push_is_sent_again_after_a_reconnect_with_its_id() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    n.session.bind("u1", "", "", now).expect("bind");
+    n.pump();
+    let r = n
+        .session
+        .push(b"hold me", AckMode::Auto, now)
+        .expect("sent");
+    n.pump();
+    n.advance(Duration::from_millis(200));
+    let first: Vec<Option<u64>> = up_ids(&n);
+    assert_eq!(first.len(), 1);
+    // The link drops before the server answered: not failed, kept.
+    n.cut();
+    n.server_events.clear();
+    n.up.insert("a:1".into());
+    n.advance(Duration::from_secs(3));
+    assert_eq!(n.count(|e| matches!(e, SessionEvent::PushFailed { .. })), 0);
+    assert_eq!(up_ids(&n), first, "sent again with the same message id");
+    assert!(!n.events.contains(&SessionEvent::PushAcked { request: r }));
+}
+
+fn up_ids(n: &Net) -> Vec<Option<u64>> {
+    n.server_events
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::UpPush { message_id, .. } => Some(*message_id),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
@@ -567,7 +649,16 @@ fn every_session_error_has_a_stable_code() {
         .iter()
         .map(SessionError::code)
         .collect();
-    assert_eq!(codes, vec!["queue_full", "stopped", "unknown_ack"]);
+    assert_eq!(
+        codes,
+        vec![
+            "queue_full",
+            "stopped",
+            "unknown_ack",
+            "retry_later",
+            "push_rejected"
+        ]
+    );
 }
 
 #[test]

@@ -25,8 +25,6 @@ uniffi::setup_scaffolding!();
 
 /// How long `shutdown()` waits for the session to say goodbye to the server.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Up-push results that arrived before their caller asked (kept briefly).
-const EARLY_RESULTS: usize = 1024;
 
 /// Every failure, with a stable `code()` shared with the other SDKs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
@@ -41,16 +39,26 @@ pub enum PushError {
     InvalidInput { reason: String },
     #[error("the server refused the bind: {reason}")]
     BindFailed { reason: String },
-    #[error("the push failed: {reason}")]
-    PushFailed { reason: String },
+    /// The server could not take the up-push now (its sinks are full, the
+    /// client is over its rate) or did not answer in time: retry later.
+    #[error("retry later: {reason}")]
+    RetryLater { reason: String },
+    /// The server will not take the up-push as sent (e.g. not bound).
+    #[error("the server rejected the push: {reason}")]
+    PushRejected { reason: String },
     #[error("storage: {reason}")]
     Storage { reason: String },
 }
 
 #[uniffi::export]
 impl PushError {
+    /// Trying the same again later may work.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::QueueFull { .. } | Self::RetryLater { .. })
+    }
+
     /// `queue_full`, `stopped`, `unknown_ack`, `invalid_input`, `bind_failed`,
-    /// `push_failed` or `storage`.
+    /// `retry_later`, `push_rejected` or `storage`.
     pub fn code(&self) -> String {
         match self {
             Self::QueueFull { .. } => "queue_full",
@@ -58,7 +66,8 @@ impl PushError {
             Self::UnknownAck { .. } => "unknown_ack",
             Self::InvalidInput { .. } => "invalid_input",
             Self::BindFailed { .. } => "bind_failed",
-            Self::PushFailed { .. } => "push_failed",
+            Self::RetryLater { .. } => "retry_later",
+            Self::PushRejected { .. } => "push_rejected",
             Self::Storage { .. } => "storage",
         }
         .to_owned()
@@ -70,6 +79,8 @@ impl From<SessionError> for PushError {
         match e {
             SessionError::QueueFull(n) => Self::QueueFull { capacity: n as u64 },
             SessionError::UnknownAck(id) => Self::UnknownAck { id },
+            SessionError::RetryLater(reason) => Self::RetryLater { reason },
+            SessionError::PushRejected(reason) => Self::PushRejected { reason },
             // `Stopped`, and any kind a newer core adds (the test below
             // checks that every kind known today keeps its own code).
             _ => Self::Stopped,
@@ -248,9 +259,6 @@ type Reply = oneshot::Sender<Result<(), PushError>>;
 #[derive(Default)]
 struct Waiters {
     binds: HashMap<String, Vec<Reply>>,
-    pushes: HashMap<u64, Reply>,
-    /// Push results that came before `push()` registered (a fast server).
-    early: HashMap<u64, Result<(), PushError>>,
     stopped: bool,
 }
 
@@ -259,23 +267,6 @@ impl Waiters {
         self.stopped = true;
         for tx in self.binds.drain().flat_map(|(_, v)| v) {
             let _ = tx.send(Err(PushError::Stopped));
-        }
-        for (_, tx) in self.pushes.drain() {
-            let _ = tx.send(Err(PushError::Stopped));
-        }
-    }
-
-    fn push_result(&mut self, request: u64, r: Result<(), PushError>) {
-        match self.pushes.remove(&request) {
-            Some(tx) => {
-                let _ = tx.send(r);
-            }
-            None => {
-                if self.early.len() >= EARLY_RESULTS {
-                    self.early.clear();
-                }
-                self.early.insert(request, r);
-            }
         }
     }
 }
@@ -513,28 +504,16 @@ impl PushClient {
         Ok(self.handle()?.ack_nowait(id)?)
     }
 
-    /// Sends a message up (queued while offline). With `ack`, returns when the
-    /// server acknowledged it.
+    /// Sends a message up (queued while offline, and sent again after a
+    /// reconnect until the server answers). With `ack`, returns once the
+    /// server accepted it (handed it to the backend's sinks); throws
+    /// `RetryLater` (retryable) or `PushRejected`.
     pub async fn push(&self, content: Vec<u8>, ack: bool) -> Result<(), PushError> {
         let handle = self.handle()?;
         let mode = if ack { AckMode::Auto } else { AckMode::None };
-        let request = handle.push(&content, mode).await?;
-        if !ack {
-            return Ok(());
-        }
-        let rx = {
-            let mut w = self.waiters.lock().map_err(|_| PushError::Stopped)?;
-            if let Some(r) = w.early.remove(&request) {
-                return r;
-            }
-            if w.stopped {
-                return Err(PushError::Stopped);
-            }
-            let (tx, rx) = oneshot::channel();
-            w.pushes.insert(request, tx);
-            rx
-        };
-        rx.await.unwrap_or(Err(PushError::Stopped))
+        // The core's driver settles it: accepted by the server, or a typed
+        // error (`retry_later` is retryable).
+        Ok(handle.push(&content, mode).await?)
     }
 
     /// The network came back (retry now) or went away (no attempts until it is back).
@@ -661,13 +640,6 @@ async fn forward(
                         });
                     }
                 }
-                SessionEvent::PushAcked { request } => w.push_result(*request, Ok(())),
-                SessionEvent::PushFailed { request, reason } => w.push_result(
-                    *request,
-                    Err(PushError::PushFailed {
-                        reason: reason.clone(),
-                    }),
-                ),
                 SessionEvent::Stopped { .. } => w.stop(),
                 _ => {}
             }

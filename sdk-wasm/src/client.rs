@@ -204,13 +204,11 @@ fn invoke(rc: &Rc<RefCell<Inner>>, calls: Calls) {
     }
 }
 
+/// An `Error` with the core's `code` (shared by every SDK) and `retryable`.
 fn session_error(e: &SessionError) -> JsValue {
-    let code = match e {
-        SessionError::QueueFull(_) => "queue_full",
-        SessionError::Stopped => "stopped",
-        _ => "invalid_state",
-    };
-    js::error(code, &e.to_string())
+    let err = js::error(e.code(), &e.to_string());
+    let _ = js_sys::Reflect::set(&err, &"retryable".into(), &e.retryable().into());
+    err
 }
 
 /// A promise whose settle functions `f` keeps.
@@ -398,9 +396,9 @@ impl Inner {
                     calls.push((resolve, vec![]));
                 }
             }
-            SessionEvent::PushFailed { request, reason } => {
+            SessionEvent::PushFailed { request, error } => {
                 if let Some((_, reject)) = self.push_waiters.remove(&request) {
-                    calls.push((reject, vec![js::error("push_failed", &reason)]));
+                    calls.push((reject, vec![session_error(&error)]));
                 }
             }
             SessionEvent::Stopped { reason } => {

@@ -112,13 +112,18 @@ export type PushErrorCode =
   | "queue_full"
   | "stopped"
   | "bind_failed"
-  | "push_failed"
+  | "retry_later"
+  | "push_rejected"
+  | "unknown_ack"
   | "storage"
   | "events_overflow"
   | "callback";
 
 export interface PushError extends Error {
   code: PushErrorCode;
+  /** Trying the same again later may work (`retry_later`: the server could not
+   * take an up-push now or did not answer in time; `queue_full`). */
+  retryable?: boolean;
 }
 
 export type PushEvent =
@@ -136,7 +141,10 @@ export interface BindOptions {
 }
 
 export interface PushOptions {
-  /** Wait for the server's ACK (default true): the promise resolves when it arrives. */
+  /** Wait for the server's ACK (default true): the promise resolves once the
+   * server accepted the message (handed it to the backend's sinks), and
+   * rejects with `retry_later` (retryable) or `push_rejected`. Until the
+   * server answers, the message is kept and sent again after a reconnect. */
   ack?: boolean;
 }
 "#;

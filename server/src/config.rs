@@ -20,6 +20,7 @@ pub struct Settings {
     pub delivery: Delivery,
     pub shutdown: Shutdown,
     pub cluster: Cluster,
+    pub sinks: Sinks,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -149,6 +150,16 @@ pub struct Limits {
     /// Topics one user may subscribe to, and subscribers of one topic.
     pub max_topics_per_user: usize,
     pub max_subscribers_per_topic: usize,
+    /// Up-pushes (client → backend) per second and burst, per connection and
+    /// per user (all of the user's connections on this node). Over a limit
+    /// the up-push is refused with "retry later".
+    pub up_push_rate_per_conn: u32,
+    pub up_push_burst_per_conn: u32,
+    pub up_push_rate_per_user: u32,
+    pub up_push_burst_per_user: u32,
+    /// A connection whose up-pushes are refused for its rate this many times
+    /// in a row is closed (abuse).
+    pub up_push_abuse_refusals: u32,
 }
 
 impl Default for Limits {
@@ -174,6 +185,11 @@ impl Default for Limits {
             max_session_bytes: 256 << 20,
             max_topics_per_user: 256,
             max_subscribers_per_topic: 1_000_000,
+            up_push_rate_per_conn: 50,
+            up_push_burst_per_conn: 100,
+            up_push_rate_per_user: 100,
+            up_push_burst_per_user: 200,
+            up_push_abuse_refusals: 100,
         }
     }
 }
@@ -217,6 +233,124 @@ impl Default for Delivery {
             broadcast_rate: 30_000,
             broadcast_max: 100_000,
             session_ttl_secs: 86_400,
+        }
+    }
+}
+
+/// Where events for the backend go: client up-pushes, connection lifecycle
+/// events and delivery callbacks. Several sinks at once; none by default
+/// (then up-pushes are refused: there is no one to hand them to).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sinks {
+    /// HTTP POST endpoints (`[[sinks.webhooks]]`).
+    pub webhooks: Vec<Webhook>,
+    /// A Redis Stream in the cluster's Redis (cluster mode only).
+    pub stream: Option<StreamSink>,
+    /// URLs a push may name as its own `callbackUrl` (an allow-list, matched
+    /// exactly); each gets a webhook queue of its own, signed with
+    /// `callback_secret`.
+    pub callback_urls: Vec<String>,
+    pub callback_secret: String,
+    /// How long an up-push waits to be accepted (a synchronous webhook's 2xx,
+    /// the stream's XADD) before the client is told to retry later.
+    pub accept_timeout_ms: u64,
+    /// Delivery callbacks watched at once on this node (pushes asking for
+    /// more are refused with 503), and how long a push is watched.
+    pub callback_max_watched: usize,
+    pub callback_window_secs: u64,
+}
+
+impl Default for Sinks {
+    fn default() -> Self {
+        Self {
+            webhooks: Vec::new(),
+            stream: None,
+            callback_urls: Vec::new(),
+            callback_secret: String::new(),
+            accept_timeout_ms: 5_000,
+            callback_max_watched: 200_000,
+            callback_window_secs: 3_600,
+        }
+    }
+}
+
+/// Which events a sink takes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkEvent {
+    /// A client's up-push.
+    UpPush,
+    /// bound, unbound, kicked, disconnected.
+    Lifecycle,
+    /// A push's terminal state per recipient (pushes with `callback: true`).
+    Callback,
+}
+
+/// When a webhook's up-push counts as accepted.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WebhookMode {
+    /// Once the endpoint answered 2xx for it: the client's ACK means the
+    /// backend has it (at-least-once even if this node dies).
+    Sync,
+    /// Once it is in this node's bounded queue: a faster ACK, but a node that
+    /// dies loses what it had queued.
+    Async,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Webhook {
+    pub url: String,
+    /// HMAC-SHA256 key for `X-Mpush-Signature` (16+ characters).
+    pub secret: String,
+    pub events: Vec<SinkEvent>,
+    pub mode: WebhookMode,
+    /// Events waiting on this node at most; over it, up-pushes are refused
+    /// with "retry later" and other events are counted as dropped.
+    pub queue: usize,
+    /// Events per POST at most, and POSTs in flight at once.
+    pub batch: usize,
+    pub concurrency: usize,
+    pub timeout_ms: u64,
+    /// Retries wait from 100 ms doubling up to this (with jitter), for as
+    /// long as the endpoint fails.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for Webhook {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            secret: String::new(),
+            events: vec![SinkEvent::UpPush],
+            mode: WebhookMode::Sync,
+            queue: 10_000,
+            batch: 100,
+            concurrency: 4,
+            timeout_ms: 5_000,
+            max_backoff_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamSink {
+    /// The stream's key.
+    pub key: String,
+    /// `XADD .. MAXLEN ~ maxlen`: the stream keeps about this many entries.
+    pub maxlen: u64,
+    pub events: Vec<SinkEvent>,
+}
+
+impl Default for StreamSink {
+    fn default() -> Self {
+        Self {
+            key: "mpush:events".into(),
+            maxlen: 1_000_000,
+            events: vec![SinkEvent::UpPush],
         }
     }
 }
@@ -432,6 +566,18 @@ impl Settings {
                 ));
             }
         }
+        validate_sinks(&self.sinks, !c.redis.is_empty())?;
+        if l.up_push_rate_per_conn == 0
+            || l.up_push_burst_per_conn == 0
+            || l.up_push_rate_per_user == 0
+            || l.up_push_burst_per_user == 0
+            || l.up_push_abuse_refusals == 0
+        {
+            return Err(invalid(
+                "limits.up_push_*",
+                "up-push rates, bursts and the abuse count must be at least 1",
+            ));
+        }
         if l.max_connections_per_ip == 0
             || l.handshake_timeout_ms < 1000
             || l.rsa_queue == 0
@@ -531,6 +677,78 @@ impl Settings {
             bind_auth: Arc::new(bind_auth),
         })
     }
+}
+
+fn validate_sinks(s: &Sinks, clustered: bool) -> Result<(), ConfigError> {
+    let http_url = |u: &str| {
+        (u.starts_with("http://") || u.starts_with("https://"))
+            && u.parse::<axum::http::Uri>()
+                .is_ok_and(|x| x.host().is_some())
+    };
+    for w in &s.webhooks {
+        if !http_url(&w.url) {
+            return Err(invalid(
+                "sinks.webhooks.url",
+                format!("`{}` is not an http:// or https:// URL", w.url),
+            ));
+        }
+        if w.secret.len() < 16 {
+            return Err(invalid(
+                "sinks.webhooks.secret",
+                "must be at least 16 characters (receivers verify X-Mpush-Signature with it)",
+            ));
+        }
+        if w.events.is_empty() {
+            return Err(invalid("sinks.webhooks.events", "names no event kind"));
+        }
+        if w.queue == 0 || w.batch == 0 || w.concurrency == 0 || w.concurrency > 64 {
+            return Err(invalid(
+                "sinks.webhooks",
+                "queue and batch must be at least 1, concurrency 1 to 64",
+            ));
+        }
+        if w.timeout_ms < 100 || w.max_backoff_ms < 100 {
+            return Err(invalid(
+                "sinks.webhooks.timeout_ms",
+                "timeout_ms and max_backoff_ms must be at least 100",
+            ));
+        }
+    }
+    if let Some(st) = &s.stream {
+        if !clustered {
+            return Err(invalid(
+                "sinks.stream",
+                "needs cluster mode (cluster.redis): the stream lives in the cluster's Redis",
+            ));
+        }
+        if st.key.is_empty() || st.maxlen == 0 || st.events.is_empty() {
+            return Err(invalid(
+                "sinks.stream",
+                "needs a key, a maxlen of at least 1 and an event kind",
+            ));
+        }
+    }
+    for u in &s.callback_urls {
+        if !http_url(u) {
+            return Err(invalid(
+                "sinks.callback_urls",
+                format!("`{u}` is not an http:// or https:// URL"),
+            ));
+        }
+    }
+    if !s.callback_urls.is_empty() && s.callback_secret.len() < 16 {
+        return Err(invalid(
+            "sinks.callback_secret",
+            "must be at least 16 characters when callback_urls are set",
+        ));
+    }
+    if s.accept_timeout_ms < 100 || s.callback_max_watched == 0 || s.callback_window_secs == 0 {
+        return Err(invalid(
+            "sinks",
+            "accept_timeout_ms must be at least 100, callback_max_watched and callback_window_secs at least 1",
+        ));
+    }
+    Ok(())
 }
 
 impl Validated {

@@ -18,6 +18,7 @@ mod json_u64;
 pub mod logic;
 pub mod redis_conn;
 pub mod route;
+pub mod sink;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -157,7 +158,7 @@ impl Running {
     /// turns 503, v2 clients are redirected (an address of their transport,
     /// after a jittered wait), in-flight ACKs are awaited up to the drain
     /// timeout, then every connection closes. Un-ACKed messages go to their
-    /// users' inboxes.
+    /// users' inboxes; the sinks' queues are handed on.
     pub async fn shutdown(self) {
         let hub = self.hub.clone();
         hub.start_drain().await;
@@ -166,6 +167,19 @@ impl Running {
         let t0 = tokio::time::Instant::now();
         while hub.connections() > 0 && t0.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // What the sinks still hold (async webhooks, lifecycle events,
+        // callbacks) is handed on within what is left of the drain time.
+        let left = hub
+            .sinks()
+            .flush(
+                limit
+                    .saturating_sub(t0.elapsed())
+                    .max(Duration::from_secs(1)),
+            )
+            .await;
+        if left > 0 {
+            tracing::warn!(left, "sink events not handed on before the node stopped");
         }
         let _ = self.http_stop.send(true);
         for t in self.tasks {

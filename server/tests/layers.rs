@@ -9,6 +9,10 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("route", &["logic", "cluster", "gateway", "api", "store"]),
     ("cluster", &["logic", "route", "gateway", "api", "store"]),
     ("logic", &["gateway", "api"]),
+    (
+        "sink",
+        &["logic", "route", "cluster", "gateway", "api", "store"],
+    ),
     ("gateway", &["api"]),
     (
         "redis_conn",

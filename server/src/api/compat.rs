@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{
     ApiError, ApiState, MessageBody, check_topic, check_user, draining, start_trace, store_down,
+    watch_callbacks,
 };
 use crate::logic::MessageSpec;
 use crate::store::TraceState;
@@ -107,6 +108,8 @@ pub async fn exec(
             ack_mode: Some(if flag(p, "ack") { "auto" } else { "none" }.into()),
             trace_id: p.get("traceId").cloned(),
             ttl_seconds,
+            callback: flag(p, "callback").then_some(true),
+            callback_url: p.get("callbackUrl").filter(|u| !u.is_empty()).cloned(),
             ..MessageBody::default()
         }
         .spec(&s.hub)
@@ -118,6 +121,7 @@ pub async fn exec(
             let spec = spec(&p)?;
             draining(&s.hub)?;
             let trace_id = exec_trace(&s, &p).await?;
+            watch_callbacks(&s.hub, &trace_id, &spec)?;
             let o = s.hub.push_user(&trace_id, &spec, &user).await;
             Ok(Json(
                 json!({ "success": o.error.is_none(), "traceId": &*trace_id, "dispatched": o.dispatched, "stored": o.stored }),
@@ -129,6 +133,7 @@ pub async fn exec(
             let spec = spec(&p)?;
             draining(&s.hub)?;
             let trace_id = exec_trace(&s, &p).await?;
+            watch_callbacks(&s.hub, &trace_id, &spec)?;
             let n = s
                 .hub
                 .start_topic_push(&topic, trace_id.clone(), spec)
@@ -276,6 +281,7 @@ pub async fn alloc_push(
         client_type: None,
         ttl_secs: 0,
         ack_timeout: None,
+        callback: None,
     };
     draining(&s.hub)?;
     let trace_id = start_trace(&s.hub, None).await?;

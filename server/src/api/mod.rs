@@ -26,6 +26,7 @@ use tower_http::services::ServeDir;
 
 pub use error::ApiError;
 
+use crate::logic::callback::CallbackTarget;
 use crate::logic::filter::Filter;
 use crate::logic::{Hub, MessageSpec};
 use crate::store::StoreError;
@@ -216,6 +217,10 @@ pub struct MessageBody {
     pub trace_id: Option<String>,
     pub timeout_ms: Option<u64>,
     pub ttl_seconds: Option<u64>,
+    /// Report each recipient's terminal state to the callback sinks.
+    pub callback: Option<bool>,
+    /// ... or to this URL (one of `sinks.callback_urls`).
+    pub callback_url: Option<String>,
     /// Anything else: refused (serde's `deny_unknown_fields` does not work
     /// through `flatten`, which the request bodies use).
     #[serde(flatten)]
@@ -263,12 +268,36 @@ impl MessageBody {
             return Err(ApiError::bad_request("timeoutMs must be 100 to 600000"));
         }
         check_trace_id(self.trace_id.as_deref())?;
+        let callback = match (&self.callback_url, self.callback) {
+            (Some(u), Some(false)) => {
+                return Err(ApiError::bad_request(format!(
+                    "callbackUrl `{u}` with callback: false"
+                )));
+            }
+            (Some(u), _) => Some(CallbackTarget::Url(u.as_str().into())),
+            (None, Some(true)) => Some(CallbackTarget::Sinks),
+            (None, _) => None,
+        };
+        if let Some(t) = &callback
+            && !hub.tracer().callbacks().can_reach(t)
+        {
+            return Err(ApiError::bad_request(match t {
+                CallbackTarget::Sinks => {
+                    "callback: no sink takes callbacks (sinks.webhooks[].events or sinks.stream.events)"
+                        .to_owned()
+                }
+                CallbackTarget::Url(u) => {
+                    format!("callbackUrl `{u}` is not in sinks.callback_urls")
+                }
+            }));
+        }
         Ok(MessageSpec {
             content,
             ack_mode,
             client_type: parse_client_type(self.client_type.as_ref())?,
             ttl_secs,
             ack_timeout: self.timeout_ms.map(std::time::Duration::from_millis),
+            callback,
         })
     }
 }
@@ -361,6 +390,7 @@ async fn push(
     let spec = b.message.spec(&s.hub)?;
     draining(&s.hub)?;
     let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
+    watch_callbacks(&s.hub, &trace_id, &spec)?;
     let o = s.hub.push_user(&trace_id, &spec, &b.user_id).await;
     Ok(Json(json!({
         "traceId": &*trace_id,
@@ -396,6 +426,7 @@ async fn push_batch(
     let spec = b.message.spec(&s.hub)?;
     draining(&s.hub)?;
     let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
+    watch_callbacks(&s.hub, &trace_id, &spec)?;
     // One route lookup and one frame per node for the whole batch (results
     // in the order of the users).
     let users: Vec<Arc<str>> = b.user_ids.iter().map(|u| Arc::from(u.as_str())).collect();
@@ -493,6 +524,7 @@ async fn topic_push(
     let spec = b.spec(&s.hub)?;
     draining(&s.hub)?;
     let trace_id = start_trace(&s.hub, b.trace_id.clone()).await?;
+    watch_callbacks(&s.hub, &trace_id, &spec)?;
     let n = s
         .hub
         .start_topic_push(&topic, trace_id.clone(), spec)
@@ -520,6 +552,18 @@ pub async fn start_trace(hub: &Hub, trace_id: Option<String>) -> Result<Arc<str>
 }
 
 /// A store that is down: 503, saying which.
+/// Watches a unicast push's delivery callbacks on this node (before it is
+/// sent); a full watch list is a 503.
+pub fn watch_callbacks(hub: &Hub, trace_id: &Arc<str>, spec: &MessageSpec) -> Result<(), ApiError> {
+    if let Some(t) = &spec.callback {
+        hub.tracer()
+            .callbacks()
+            .watch(trace_id, t.clone(), spec.ack_mode != AckMode::None, false)
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    }
+    Ok(())
+}
+
 pub fn store_down(e: StoreError) -> ApiError {
     ApiError::unavailable(e.to_string())
 }
@@ -603,6 +647,9 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
     metrics::gauge!("mpush_connections").set(s.hub.connections() as f64);
     metrics::gauge!("mpush_bound_connections").set(s.hub.bound() as f64);
+    for (sink, n) in s.hub.sinks().depths() {
+        metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),

@@ -58,6 +58,10 @@ pub struct BroadcastMsg {
     pub condition: Option<String>,
     /// The message id every node uses: one broadcast is one message.
     pub message_id: u64,
+    /// Delivery callbacks: `*` the callback sinks, else an allow-listed URL;
+    /// each node reports its own aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<String>,
 }
 
 /// A kick, as published on `mp:kick:<node>`.

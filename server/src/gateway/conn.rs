@@ -11,7 +11,9 @@ use std::sync::Arc;
 use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::machine::{Input, ServerMachine, Transmit};
-use mpush_protocol::server::{CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent};
+use mpush_protocol::server::{
+    CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent, UpPushRefusal,
+};
 use mpush_protocol::session::{DeviceInfo, Profile};
 use tracing::{debug, info};
 
@@ -19,6 +21,7 @@ use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
+use crate::logic::{Lifecycle, UpRefusal};
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
 struct Driver<T: Transport> {
@@ -34,6 +37,8 @@ struct Driver<T: Transport> {
     /// are DELIVERED once that write succeeds.
     unwritten: Vec<Arc<str>>,
     draining: bool,
+    /// Up-pushes refused for this connection's or user's rate in a row.
+    rate_refusals: u32,
     accepted: Instant,
     /// This connection's place in its address's count; freed with the driver.
     _slot: IpSlot,
@@ -66,6 +71,7 @@ pub async fn serve<T: Transport>(
         tx,
         unwritten: Vec::new(),
         draining: false,
+        rate_refusals: 0,
         accepted: now,
         _slot: slot,
     };
@@ -155,9 +161,19 @@ impl<T: Transport> Driver<T> {
     fn command(&mut self, c: ConnCommand) {
         match c {
             ConnCommand::Push(p) => self.push(Arc::unwrap_or_clone(p)),
-            ConnCommand::Kicked(k) => self.machine.kick(&k.device_id, &k.user_id),
+            ConnCommand::Kicked(k) => {
+                if let (Some(info), Some(user)) = (&self.info, &self.user)
+                    && *k.device_id == *info.device_id
+                {
+                    self.gw.hub.lifecycle(Lifecycle::Kicked, user, info, None);
+                }
+                self.machine.kick(&k.device_id, &k.user_id);
+            }
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
+                    self.gw
+                        .hub
+                        .lifecycle(Lifecycle::Kicked, user, info, Some("kicked by the API"));
                     let (device, user) = (info.device_id.clone(), user.clone());
                     self.machine.kick(&device, &user);
                 }
@@ -289,14 +305,46 @@ impl<T: Transport> Driver<T> {
             ServerEvent::UnbindRequested { request, user_id } => {
                 if let Some(info) = &self.info {
                     hub.unbind(&user_id, info).await;
+                    hub.lifecycle(Lifecycle::Unbound, &user_id, info, None);
                 }
                 if self.user.as_deref() == Some(user_id.as_str()) {
                     self.user = None;
                 }
                 self.machine.handle_unbind_result(request, true);
             }
-            ServerEvent::UpPush { .. } => {
+            ServerEvent::UpPush {
+                content,
+                message_id,
+                reply,
+            } => {
                 metrics::counter!("mpush_up_pushes_total").increment(1);
+                let Some(info) = self.info.clone() else {
+                    return;
+                };
+                // Awaited here: a connection's up-pushes reach the sinks in
+                // the order it sent them, and a client that sends faster than
+                // they accept is slowed down (its socket is not read meanwhile).
+                let result =
+                    Box::pin(hub.up_push(self.user.as_ref(), &info, &content, message_id)).await;
+                match &result {
+                    Err(UpRefusal::RateLimited(_)) => self.rate_refusals += 1,
+                    _ => self.rate_refusals = 0,
+                }
+                let answer = result.map_err(|e| {
+                    debug!(conn = self.conn_id, refused = %e, "up-push refused");
+                    if e.retryable() {
+                        UpPushRefusal::RetryLater(e.to_string())
+                    } else {
+                        UpPushRefusal::Rejected(e.to_string())
+                    }
+                });
+                self.machine.handle_up_push_result(reply, answer);
+                let abuse = hub.cfg().settings.limits.up_push_abuse_refusals;
+                if self.rate_refusals >= abuse {
+                    info!(conn = self.conn_id, peer = %self.peer, refusals = self.rate_refusals, "closed: up-pushes over the rate limit");
+                    metrics::counter!("mpush_up_push_abuse_closed_total").increment(1);
+                    self.machine.close();
+                }
             }
             ServerEvent::Acked { push } => {
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
@@ -322,6 +370,10 @@ impl<T: Transport> Driver<T> {
                     CloseReason::Protocol(_) | CloseReason::UnsupportedCommand(_)
                 ) {
                     metrics::counter!("mpush_protocol_errors_total").increment(1);
+                }
+                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    let why = format!("{reason:?}");
+                    hub.lifecycle(Lifecycle::Disconnected, user, info, Some(&why));
                 }
                 if let (Some(user), Some(info), false) =
                     (&self.user, &self.info, unacked.is_empty())
@@ -363,6 +415,7 @@ impl<T: Transport> Driver<T> {
         };
         self.user = Some(user.clone());
         self.machine.handle_bind_result(request, &user_id, Ok(()));
+        hub.lifecycle(Lifecycle::Bound, &user, &info, None);
         info!(conn = self.conn_id, user = %user_id, device = %info.device_id, "bound");
         // The offline inbox, in order.
         for push in hub.replay_inbox(&user, &info).await {

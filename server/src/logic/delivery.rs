@@ -16,6 +16,7 @@ use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::AckMode;
 
 use super::Hub;
+use super::callback::CallbackTarget;
 use super::filter::Filter;
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, ForwardError};
@@ -33,6 +34,8 @@ pub struct MessageSpec {
     pub ttl_secs: u64,
     /// How long each delivery attempt waits for the ACK (`timeoutMs`).
     pub ack_timeout: Option<Duration>,
+    /// Where each recipient's terminal state is reported, if anywhere.
+    pub callback: Option<CallbackTarget>,
 }
 
 /// What happened to one user's copy.
@@ -217,6 +220,7 @@ impl Hub {
             );
         }
         // One frame per message id (recipients of one user share it).
+        let callbacks = self.tracer.callbacks();
         let mut frames: Vec<(v2::NodePushBatch, Vec<usize>)> = Vec::new();
         for (k, (i, r, p)) in pushes.iter().enumerate() {
             let recipient = v2::NodeRecipient {
@@ -241,6 +245,10 @@ impl Hub {
                         expires_at_ms: p.expires_at_ms,
                         ack_timeout_ms: p.ack_timeout.map_or(0, |d| d.as_millis() as u32),
                         from_node: cl.node_id.clone(),
+                        callback: callbacks
+                            .target_of(&p.trace_id)
+                            .map(|t| t.to_wire())
+                            .unwrap_or_default(),
                     },
                     vec![k],
                 )),
@@ -304,6 +312,7 @@ impl Hub {
 
     /// A batch another node forwarded: to this node's connections.
     pub(super) fn deliver_forwarded(&self, b: v2::NodePushBatch) -> Vec<u32> {
+        let callback = CallbackTarget::from_wire(&b.callback);
         let push = Arc::new(OutboundPush {
             message_id: b.message_id,
             trace_id: b.trace_id.into(),
@@ -313,6 +322,14 @@ impl Hub {
             ack_timeout: (b.ack_timeout_ms > 0)
                 .then(|| Duration::from_millis(u64::from(b.ack_timeout_ms))),
         });
+        if let Some(target) = callback {
+            let ack = push.ack_mode != AckMode::None;
+            // Full: counted there; the origin still reports what it sees.
+            let _ = self
+                .tracer
+                .callbacks()
+                .watch(&push.trace_id, target, ack, false);
+        }
         b.recipients
             .iter()
             .map(|r| {
@@ -382,11 +399,18 @@ impl Hub {
                 tags,
                 condition,
                 message_id,
+                callback: spec.callback.as_ref().map(CallbackTarget::to_wire),
             };
             return cl
                 .publish_broadcast(&msg)
                 .await
                 .map_err(|e| format!("cluster unavailable: {e}"));
+        }
+        if let Some(target) = spec.callback.clone() {
+            self.tracer
+                .callbacks()
+                .watch(&trace_id, target, spec.ack_mode != AckMode::None, true)
+                .map_err(|e| e.to_string())?;
         }
         let hub = self.clone();
         tokio::spawn(async move {

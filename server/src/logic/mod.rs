@@ -5,11 +5,13 @@
 //!
 //! Imports point down only: `route`, `cluster`, `store`, `auth`, `config`.
 
+pub mod callback;
 mod delivery;
 pub mod filter;
 pub mod flow;
 mod session;
 pub mod trace;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg, NodeInfo};
 use crate::config::Validated;
 use crate::route::{RedisRoutes, RouteStore, Router};
+use crate::sink::Sinks;
 use crate::store::{
     InboxStore, MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces, SessionStore, TopicStore,
     TraceStore,
@@ -35,6 +38,7 @@ use crate::store::{
 pub use delivery::{MessageSpec, UserOutcome};
 pub use session::{DeviceView, UserView};
 use trace::Tracer;
+pub use upstream::{Lifecycle, UpRefusal, up_push_id};
 
 /// The stores a node runs on.
 pub struct Stores {
@@ -63,6 +67,8 @@ pub struct Hub {
     tracer: Tracer,
     push_limiter: flow::RateLimiter,
     broadcast_limiter: flow::RateLimiter,
+    sinks: Arc<Sinks>,
+    up_limits: upstream::UpLimits,
     next_message: AtomicU64,
     next_conn: AtomicU64,
     /// Every open connection, bound or not.
@@ -150,7 +156,13 @@ impl Hub {
         // Ids stay unique across restarts (clients deduplicate by them): the
         // counter starts at the start-up time in ms, shifted left 16 bits.
         let first_id = u64::try_from(unix_ms()).unwrap_or(0) << 16;
+        let sinks = Arc::new(Sinks::start(
+            &s.sinks,
+            cluster.as_ref().map(|c| c.redis.clone()),
+        ));
         let hub = Arc::new(Self {
+            sinks: sinks.clone(),
+            up_limits: upstream::UpLimits::new(&s.limits),
             push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
             broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
             proto: Arc::new(protocol_config(&cfg)),
@@ -158,6 +170,12 @@ impl Hub {
                 stores.traces.clone(),
                 node_id.as_str().into(),
                 Duration::from_millis(s.cluster.timeout_ms.max(1000)),
+                Arc::new(callback::Callbacks::new(
+                    sinks.clone(),
+                    node_id.as_str().into(),
+                    s.sinks.callback_max_watched,
+                    Duration::from_secs(s.sinks.callback_window_secs),
+                )),
             ),
             router: Router::new(node_id, table),
             cluster,
@@ -178,8 +196,17 @@ impl Hub {
         hub
     }
 
-    /// Cluster membership and route refresh (cluster mode only).
+    /// The up-push limiters' sweep; cluster membership and route refresh
+    /// (cluster mode only).
     fn spawn_background(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(upstream::SWEEP_EVERY).await;
+                let Some(hub) = me.upgrade() else { return };
+                hub.up_limits.sweep();
+            }
+        });
         let Some(cl) = &self.cluster else {
             return;
         };
@@ -224,6 +251,10 @@ impl Hub {
 
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
+    }
+
+    pub fn sinks(&self) -> &Arc<Sinks> {
+        &self.sinks
     }
 
     pub fn next_message_id(&self) -> u64 {
@@ -359,7 +390,17 @@ impl Delivery for Hub {
             client_type: msg.client_type,
             ttl_secs: 0,
             ack_timeout: None,
+            callback: msg
+                .callback
+                .as_deref()
+                .and_then(callback::CallbackTarget::from_wire),
         };
+        if let Some(target) = spec.callback.clone() {
+            let ack = spec.ack_mode != AckMode::None;
+            let trace: Arc<str> = msg.trace_id.as_str().into();
+            // Full: counted; the broadcast still goes out.
+            let _ = self.tracer.callbacks().watch(&trace, target, ack, true);
+        }
         let Ok(filter) = filter::Filter::new(msg.tags, msg.condition.as_deref(), spec.client_type)
         else {
             return;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
+use super::callback::Callbacks;
 use crate::clock::unix_ms;
 use crate::route::ConnInfo;
 use crate::store::{
@@ -38,6 +39,7 @@ pub struct Tracer {
     tx: mpsc::Sender<Item>,
     dropped: AtomicU64,
     live: Live,
+    callbacks: Arc<Callbacks>,
 }
 
 /// This node's broadcasts in progress: their deliveries and ACKs are counted
@@ -67,16 +69,34 @@ impl Tracer {
     /// Starts the writer task (it ends when the tracer is dropped). Each
     /// batch gets `deadline`: a store that hangs loses that batch, not the
     /// writer.
-    pub fn new(store: Arc<dyn TraceStore>, node: Arc<str>, deadline: Duration) -> Self {
+    pub fn new(
+        store: Arc<dyn TraceStore>,
+        node: Arc<str>,
+        deadline: Duration,
+        callbacks: Arc<Callbacks>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let live = Live::default();
-        tokio::spawn(write(store.clone(), node, rx, deadline, live.clone()));
+        tokio::spawn(write(
+            store.clone(),
+            node,
+            rx,
+            deadline,
+            live.clone(),
+            callbacks.clone(),
+        ));
         Self {
             store,
             tx,
             dropped: AtomicU64::new(0),
             live,
+            callbacks,
         }
+    }
+
+    /// The delivery callbacks this node watches.
+    pub fn callbacks(&self) -> &Arc<Callbacks> {
+        &self.callbacks
     }
 
     /// Starts a trace and returns its id (the caller's, or a new one).
@@ -100,6 +120,11 @@ impl Tracer {
         };
         counts.counts[TraceState::Dispatched as usize].store(dispatched, Ordering::Relaxed);
         self.live.insert(trace_id.clone(), Arc::new(counts));
+        if dispatched == 0 && self.callbacks.active() {
+            // Nothing to wait for here: settled at once.
+            self.callbacks
+                .on_broadcast_counts(trace_id, &StateCounts::default());
+        }
     }
 
     /// One recipient's state change.
@@ -123,6 +148,16 @@ impl Tracer {
             state,
             TraceState::Failed | TraceState::Timeout | TraceState::Offline
         );
+        if !broadcast && self.callbacks.active() {
+            self.callbacks.on_state(
+                trace_id,
+                user_id,
+                device_id,
+                client_type,
+                state,
+                detail.as_ref(),
+            );
+        }
         if broadcast && !failed {
             return;
         }
@@ -182,7 +217,9 @@ async fn write(
     mut rx: mpsc::Receiver<Item>,
     deadline: Duration,
     live: Live,
+    callbacks: Arc<Callbacks>,
 ) {
+    let mut ticks: u32 = 0;
     let mut tick = tokio::time::interval(FLUSH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Failures kept per broadcast on this node (beyond, only counted).
@@ -193,8 +230,12 @@ async fn write(
         tokio::select! {
             n = rx.recv_many(&mut buf, BATCH) => if n == 0 { return },
             _ = tick.tick() => {
-                flush_live(&live, &node, &mut counts);
+                flush_live(&live, &node, &mut counts, &callbacks);
                 failures_kept.retain(|t, _| live.contains_key(t));
+                ticks = ticks.wrapping_add(1);
+                if ticks.is_multiple_of(25) && callbacks.active() {
+                    callbacks.sweep();
+                }
             }
         }
         let mut events = Vec::new();
@@ -240,7 +281,12 @@ async fn write(
 
 /// Moves the live broadcast counts into `counts`; forgets broadcasts that
 /// have been quiet for a minute, and the oldest beyond `BROADCASTS`.
-fn flush_live(live: &Live, node: &Arc<str>, counts: &mut FxHashMap<Arc<str>, TraceCounts>) {
+fn flush_live(
+    live: &Live,
+    node: &Arc<str>,
+    counts: &mut FxHashMap<Arc<str>, TraceCounts>,
+    callbacks: &Callbacks,
+) {
     let mut quiet = Vec::new();
     for e in live.iter() {
         let c = e.value().take();
@@ -249,6 +295,9 @@ fn flush_live(live: &Live, node: &Arc<str>, counts: &mut FxHashMap<Arc<str>, Tra
                 quiet.push(e.key().clone());
             }
             continue;
+        }
+        if callbacks.active() {
+            callbacks.on_broadcast_counts(e.key(), &c);
         }
         entry(counts, node, e.key()).counts.merge(&c);
     }
@@ -263,7 +312,11 @@ fn flush_live(live: &Live, node: &Arc<str>, counts: &mut FxHashMap<Arc<str>, Tra
         all.sort();
         for (_, k) in all.into_iter().take(live.len() - BROADCASTS) {
             if let Some((k, c)) = live.remove(&k) {
-                entry(counts, node, &k).counts.merge(&c.take());
+                let c = c.take();
+                if callbacks.active() {
+                    callbacks.on_broadcast_counts(&k, &c);
+                }
+                entry(counts, node, &k).counts.merge(&c);
             }
         }
     }
