@@ -73,6 +73,7 @@ enum Cmd {
     Bind(String, String, String),
     Unbind(String),
     Ack(AckToken),
+    Push(Vec<u8>),
     Close,
 }
 
@@ -178,6 +179,12 @@ impl TestClient {
         let _ = self.cmds.send(Cmd::Close);
     }
 
+    /// An up-push asking for the server's ACK (`PushAcked` / `PushTimedOut`
+    /// / `PushRefused` follow).
+    pub fn push_up(&self, content: &[u8]) {
+        let _ = self.cmds.send(Cmd::Push(content.to_vec()));
+    }
+
     /// Messages received so far, as text.
     pub fn messages(&self) -> Vec<String> {
         self.seen
@@ -220,6 +227,14 @@ fn apply(m: &mut ClientConnection, c: Cmd) {
         }
         Cmd::Ack(t) => {
             let _ = m.ack(t, now);
+        }
+        Cmd::Push(b) => {
+            let _ = m.push(
+                &b,
+                mpush_protocol::session::AckMode::Auto,
+                Duration::from_secs(3),
+                now,
+            );
         }
         Cmd::Close => m.close(),
     }
@@ -426,4 +441,93 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
         .await
         .expect("server closes in time");
     out
+}
+
+// ----- Redis: a redis-server of a test's own -------------------------------
+
+use std::process::{Child, Command, Stdio};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// A redis-server of this test's own, killed on drop.
+pub struct Redis {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Redis {
+    pub async fn start(port: u16) -> Self {
+        Self::start_with(port, &[]).await
+    }
+
+    pub async fn start_with(port: u16, extra: &[&str]) -> Self {
+        // Its own working directory: a replica writes the RDB it syncs
+        // there, never into the work tree.
+        let dir = std::env::temp_dir().join(format!("mpush-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                &dir.to_string_lossy(),
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (the test command installs it)");
+        let r = Self { child, port };
+        wait_listening(("127.0.0.1", port)).await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub async fn query(&self, args: &[&str]) -> redis::Value {
+        self.try_query(args).await.expect("query")
+    }
+
+    pub async fn try_query(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url()).expect("url");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut c).await
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `addr` accepts connections.
+pub async fn wait_listening(addr: impl tokio::net::ToSocketAddrs + Clone) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr.clone()).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing listens");
 }
