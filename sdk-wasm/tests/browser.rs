@@ -20,6 +20,7 @@ wasm_bindgen_test_configure!(run_in_browser);
 
 const WS: Option<&str> = option_env!("MPUSH_TEST_WS");
 const API: Option<&str> = option_env!("MPUSH_TEST_API");
+const CONTROL: Option<&str> = option_env!("MPUSH_TEST_CONTROL");
 
 fn ws() -> &'static str {
     WS.expect("MPUSH_TEST_WS is not set: run these tests through scripts/test-web")
@@ -76,6 +77,23 @@ async fn http(method: &str, path: &str, body: Option<JsValue>) -> (u16, JsValue)
         .await
         .unwrap_or(JsValue::NULL);
     (status, parsed)
+}
+
+/// What the harness's webhook receiver got: (events, bad signatures).
+async fn webhook_events() -> (Vec<JsValue>, u32) {
+    let url = format!(
+        "{}/webhook/events",
+        CONTROL.expect("MPUSH_TEST_CONTROL is not set: run these tests through scripts/test-web")
+    );
+    let resp = JsFuture::from(fetch(&url, &Object::new()))
+        .await
+        .expect("the receiver answers");
+    let json_fn: Function = get(&resp, "json").dyn_into().expect("json()");
+    let v = JsFuture::from(Promise::from(json_fn.call0(&resp).expect("json() runs")))
+        .await
+        .expect("JSON");
+    let events = js_sys::Array::from(&get(&v, "events")).iter().collect();
+    (events, get(&v, "badSignatures").as_f64().unwrap_or(-1.0) as u32)
 }
 
 /// Pushes through the server's HTTP API; returns the trace id.
@@ -348,17 +366,29 @@ async fn offline_queue_events_iterator_kick_and_fast_connect() {
         get(&refused, "code").as_string().as_deref(),
         Some("invalid_state")
     );
-    // Queued while connecting, sent once connected, resolved on the server's ACK.
+    // Queued while connecting, sent once connected (after the bind), resolved
+    // once the server accepted it: by then the backend's webhook has it,
+    // exactly as sent, with a valid signature.
     let _ = client.connect();
-    let up = client.push("queued while offline".into(), None);
+    let user = unique("web-kick");
+    let bound = client.bind(user.clone(), None);
+    let up = client.push("queued while offline ✓".into(), None);
     await_promise(up)
         .await
-        .expect("the server acknowledged the queued push");
-
-    let user = unique("web-kick");
-    await_promise(client.bind(user.clone(), None))
-        .await
-        .expect("bound");
+        .expect("the server accepted the queued push");
+    await_promise(bound).await.expect("bound");
+    let (hooked, bad) = webhook_events().await;
+    assert_eq!(bad, 0, "every webhook signature verifies");
+    let mine: Vec<&JsValue> = hooked
+        .iter()
+        .filter(|e| get(e, "userId").as_string().as_deref() == Some(user.as_str()))
+        .collect();
+    assert_eq!(mine.len(), 1, "the up-push arrived once");
+    assert_eq!(
+        get(mine[0], "content").as_string().as_deref(),
+        Some("queued while offline ✓")
+    );
+    assert_eq!(get(mine[0], "type").as_string().as_deref(), Some("up_push"));
     api_push(&user, "via iterator", "auto").await;
     let mut kinds = Vec::new();
     loop {

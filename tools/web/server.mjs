@@ -118,3 +118,40 @@ export async function startRedis() {
       }),
   };
 }
+
+/**
+ * A webhook receiver for the server's sinks, on a free loopback port: checks
+ * every request's signature (HMAC-SHA256 of "timestamp.body" under `secret`,
+ * `X-Mpush-Signature: v1=<hex>`) and timestamp, keeps the events.
+ * Resolves to {url, events, badSignatures, stop()}.
+ */
+export async function startWebhookReceiver({ secret }) {
+  const { createServer } = await import("node:http");
+  const { createHmac, timingSafeEqual } = await import("node:crypto");
+  const state = { events: [], badSignatures: 0 };
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks);
+      const ts = req.headers["x-mpush-timestamp"] ?? "";
+      const sig = String(req.headers["x-mpush-signature"] ?? "");
+      const expected = "v1=" + createHmac("sha256", secret).update(`${ts}.`).update(body).digest("hex");
+      const fresh = Math.abs(Date.now() / 1000 - Number(ts)) <= 300;
+      if (!fresh || sig.length !== expected.length || !timingSafeEqual(Buffer.from(sig), Buffer.from(expected))) {
+        state.badSignatures += 1;
+        res.writeHead(401).end();
+        return;
+      }
+      state.events.push(...(JSON.parse(body.toString("utf8")).events ?? []));
+      res.writeHead(204).end();
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}/hook`,
+    get events() { return state.events; },
+    get badSignatures() { return state.badSignatures; },
+    stop: () => new Promise((r) => server.close(r)),
+  };
+}

@@ -4,11 +4,13 @@
 // MPUSH_TEST_API (http:// URL) and MPUSH_TEST_CONTROL (http:// URL: a
 // `POST /restart` there restarts the server on the same ports).
 // The server allows CORS from any origin (test pages are served elsewhere)
-// and retries unacknowledged pushes quickly. With --redis it runs in cluster
+// and retries unacknowledged pushes quickly. Its webhook sink (up-pushes and
+// delivery callbacks) posts to a receiver here that checks signatures;
+// `GET $MPUSH_TEST_CONTROL/webhook/events` answers {events, badSignatures}. With --redis it runs in cluster
 // mode on its own redis-server (sessions then survive a restart).
 import { spawn } from "node:child_process";
 import { createServer } from "node:http";
-import { startServer, startRedis, root } from "./server.mjs";
+import { startServer, startRedis, startWebhookReceiver, root } from "./server.mjs";
 
 const i = process.argv.indexOf("--");
 const flags = i >= 0 ? process.argv.slice(2, i) : process.argv.slice(2);
@@ -18,8 +20,11 @@ if (cmd.length === 0) {
   process.exit(2);
 }
 const redis = flags.includes("--redis") ? await startRedis() : null;
+const secret = "with-server-webhook-secret";
+const hook = await startWebhookReceiver({ secret });
 const server = await startServer({
   env: {
+    MPUSH__SINKS__WEBHOOKS: `[{url="${hook.url}",secret="${secret}",events=["up_push","callback"]}]`,
     MPUSH__SECURITY__CORS_ORIGINS: '["*"]',
     MPUSH__DELIVERY__ACK_WAITS_MS: "[300,300,300]",
     ...(redis ? { MPUSH__CLUSTER__REDIS: redis.url, MPUSH__CLUSTER__INTERNAL: "127.0.0.1:0" } : {}),
@@ -33,6 +38,9 @@ const control = createServer(async (req, res) => {
     } catch (e) {
       res.writeHead(500).end(String(e));
     }
+  } else if (req.method === "GET" && req.url === "/webhook/events") {
+    res.writeHead(200, { "content-type": "application/json", "access-control-allow-origin": "*" });
+    res.end(JSON.stringify({ events: hook.events, badSignatures: hook.badSignatures }));
   } else {
     res.writeHead(404).end();
   }
@@ -54,5 +62,6 @@ const child = spawn(cmd[0], cmd.slice(1), {
 const code = await new Promise((resolve) => child.on("exit", (c, sig) => resolve(c ?? (sig ? 1 : 0))));
 control.close();
 await server.stop();
+await hook.stop();
 if (redis) await redis.stop();
 process.exit(code);

@@ -86,8 +86,11 @@ fun main(): Unit = runBlocking {
         client.ack(m.id)
         check("the ACK reaches the server (trace ACK)", waitTrace(trace, "ACK"))
 
-        client.push("up from kotlin".toByteArray(), true)
-        check("an up-push is acknowledged by the server", true)
+        client.push("up from kotlin ✓".toByteArray(), true)
+        // Accepted means the backend's webhook has it: exactly as sent, signed.
+        val hooked = get("$control/webhook/events")
+        check("the up-push arrived at the webhook, exactly as sent", hooked.contains("\"userId\":\"$user\"") && hooked.contains("up from kotlin ✓")) { hooked }
+        check("every webhook signature verified", hooked.contains("\"badSignatures\":0")) { hooked }
         check("the resume ticket is in the app's store", store.ticket?.startsWith("v2,") == true) { "${store.ticket}" }
 
         // The server restarts (cluster mode on Redis: sessions survive it).

@@ -107,8 +107,11 @@ async def online():
     check("a push arrives", msg.content == b"hello python" and msg.needs_ack and msg.trace_id == r["traceId"], msg)
     client.ack(msg.id)
     check("the ACK reaches the server (trace ACK)", await wait_trace(api, r["traceId"], "ACK"))
-    await client.push(b"up from python", True)
-    check("an up-push is acknowledged by the server", True)
+    await client.push("up from python ✓".encode(), True)
+    hooked = http("GET", f"{control}/webhook/events")
+    mine = [e for e in hooked["events"] if e.get("userId") == user and e.get("type") == "up_push"]
+    check("the up-push arrived at the webhook, exactly as sent", [e["content"] for e in mine] == ["up from python ✓"], hooked)
+    check("every webhook signature verified", hooked["badSignatures"] == 0, hooked)
     check("the resume ticket is in the app's store", (store.ticket or "").startswith("v2,"), store.ticket)
 
     http("POST", f"{control}/restart")

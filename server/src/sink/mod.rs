@@ -226,6 +226,7 @@ impl Sinks {
         let (stop_tx, stop) = watch::channel(());
         let mut queues = Vec::new();
         for (i, w) in cfg.webhooks.iter().enumerate() {
+            tracing::info!(sink = i, url = %w.url, mode = ?w.mode, events = ?w.events, "webhook sink");
             let far = Arc::new(webhook::Webhook::new(&w.url, &w.secret, w.timeout_ms));
             queues.push(Queue::start(
                 format!("webhook{i}"),
@@ -240,6 +241,7 @@ impl Sinks {
             ));
         }
         if let (Some(st), Some(redis)) = (&cfg.stream, redis) {
+            tracing::info!(key = %st.key, maxlen = st.maxlen, events = ?st.events, "Redis Stream sink");
             let far = Arc::new(stream::Stream::new(redis, &st.key, st.maxlen));
             queues.push(Queue::start(
                 "stream".into(),
