@@ -121,8 +121,69 @@ $("push-form").addEventListener("submit", async (e) => {
       ? `sent: trace ${j.traceId}, ${j.dispatched} device(s) online${j.stored ? ", kept for offline delivery" : ""}`
       : `refused (${r.status}): ${j.error?.message ?? JSON.stringify(j)}`;
     out.dataset.traceId = j.traceId ?? "";
+    if (r.ok) followTrace(j.traceId, headers);
   } catch (err) {
     out.textContent = `the API did not answer: ${err.message}`;
+  }
+});
+
+// A push's trace, live: each recipient's states as the server records them
+// (ACCEPTED, DISPATCHED, DELIVERED, then ACK, TIMEOUT, OFFLINE or FAILED).
+let following = 0;
+const FINAL = ["ACK", "TIMEOUT", "OFFLINE", "FAILED"];
+async function followTrace(traceId, headers) {
+  const run = ++following;
+  const list = $("trace");
+  list.hidden = false;
+  list.replaceChildren();
+  list.dataset.traceId = traceId;
+  const shown = new Set();
+  const deadline = Date.now() + 60000;
+  while (run === following && Date.now() < deadline) {
+    try {
+      const r = await fetch(`/api/v1/traces/${encodeURIComponent(traceId)}`, { headers });
+      if (r.ok) {
+        const t = await r.json();
+        for (const rec of t.recipients ?? []) {
+          for (const [state, at, detail] of rec.history ?? []) {
+            const key = `${rec.deviceId}|${state}|${at}`;
+            if (shown.has(key)) continue;
+            shown.add(key);
+            const li = document.createElement("li");
+            li.dataset.state = state;
+            li.textContent = `${new Date(at).toLocaleTimeString()} ${state}${rec.deviceId ? ` · ${rec.deviceId}` : ""}${detail ? ` · ${detail}` : ""}`;
+            list.append(li);
+          }
+        }
+        const states = (t.recipients ?? []).map((rec) => rec.state);
+        list.dataset.state = states.join(",");
+        if (states.length > 0 && states.every((s) => FINAL.includes(s))) return;
+      }
+    } catch {
+      // The server is away; keep trying until the deadline.
+    }
+    await new Promise((r) => setTimeout(r, 300));
+  }
+}
+
+// Up-push: resolves once the server accepted it (its sinks have it).
+$("up-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const out = $("up-result");
+  delete out.dataset.accepted;
+  if (!client) {
+    out.textContent = "connect and bind first";
+    return;
+  }
+  const text = $("up-content").value;
+  out.textContent = "sending…";
+  try {
+    await client.push(text);
+    out.textContent = `accepted by the server: your backend has "${text}"`;
+    out.dataset.accepted = "1";
+  } catch (err) {
+    out.textContent = `not accepted (${err.code}${err.retryable ? ", retry later" : ""}): ${err.message}`;
+    out.dataset.error = err.code;
   }
 });
 

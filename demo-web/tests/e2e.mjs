@@ -3,9 +3,13 @@
 // demo-web/node_modules), the page binds a user, a push sent with the page's
 // form arrives with its ACK state, a BIZ message is acknowledged from the
 // page, then the server restarts and the page reconnects by itself and
-// receives a message pushed while it was away. Screenshot:
+// receives a message pushed while it was away; the page shows a push's trace
+// states as they change, and an up-push makes the round trip through the
+// CLI's `mpush webhook-listen --echo-api` and back. Screenshot:
 // test-artifacts/demo-web.png.
-import { mkdirSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync } from "node:fs";
+import { createServer } from "node:net";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import assert from "node:assert/strict";
@@ -15,7 +19,31 @@ const { chromium } = createRequire(join(root, "tools", "web", "package.json"))("
 const artifacts = join(root, "test-artifacts");
 mkdirSync(artifacts, { recursive: true });
 
-const server = await startServer({ env: { MPUSH__NET__DEMO_DIR: join(root, "demo-web") } });
+const freePort = () =>
+  new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+// The backend for up-pushes: the CLI's receiver, echoing each one back to
+// its sender through the server's API (ports chosen first: each names the other).
+const mpushCli = join(root, "target", "debug", "mpush");
+assert.ok(existsSync(mpushCli), "build the CLI first: cargo build -p mpush-sdk-core --features cli --bin mpush");
+const [hookPort, httpPort] = [await freePort(), await freePort()];
+const secret = "demo-secret-0123456789";
+const hook = spawn(mpushCli, ["webhook-listen", "--listen", `127.0.0.1:${hookPort}`, "--secret", secret, "--echo-api", `http://127.0.0.1:${httpPort}`], { stdio: ["ignore", "pipe", "inherit"] });
+let hooked = "";
+hook.stdout.on("data", (d) => (hooked += d));
+const server = await startServer({
+  http: `127.0.0.1:${httpPort}`,
+  env: {
+    MPUSH__NET__DEMO_DIR: join(root, "demo-web"),
+    MPUSH__SINKS__WEBHOOKS: `[{url="http://127.0.0.1:${hookPort}/",secret="${secret}"}]`,
+  },
+});
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
@@ -62,6 +90,22 @@ try {
   for (let i = 0; i < 100 && (state = await traceState(trace)) !== "ACK"; i++) await new Promise((r) => setTimeout(r, 50));
   assert.equal(state, "ACK");
   console.log("ok   a BIZ push was acknowledged from the page (trace: ACK)");
+  // The page followed that push's trace as it changed.
+  await page.locator(`#trace[data-trace-id="${trace}"][data-state="ACK"]`).waitFor({ timeout: 10000 });
+  const shown = await page.locator("#trace li").evaluateAll((lis) => lis.map((li) => li.dataset.state));
+  for (const s of ["DISPATCHED", "DELIVERED", "ACK"]) assert.ok(shown.includes(s), `trace shows ${s}: ${shown}`);
+  console.log(`ok   the page showed the trace's states as they changed: ${shown.join(" → ")}`);
+
+  // Up-push round trip: the page sends up, the server's webhook sink hands
+  // it to the receiver (signed), which pushes "echo: ..." back.
+  await page.fill("#up-content", "hello backend");
+  await page.click("#up-send");
+  await page.locator('#up-result[data-accepted="1"]').waitFor({ timeout: 10000 });
+  await message("echo: hello backend").waitFor({ timeout: 10000 });
+  const line = hooked.split("\n").find((l) => l.includes("hello backend"));
+  assert.ok(line, `webhook-listen printed the up-push: ${hooked}`);
+  assert.equal(JSON.parse(line).userId, user);
+  console.log("ok   an up-push made the round trip: page → server → webhook-listen → API → page");
 
   // The server goes away and comes back (empty: a fresh process).
   await server.stop();
@@ -84,6 +128,7 @@ try {
 } finally {
   await browser.close();
   await server.stop();
+  hook.kill();
 }
 console.log(`demo-web e2e: ${ok ? "1 passed, 0 failed" : "0 passed, 1 failed"}`);
 process.exit(ok ? 0 : 1);
