@@ -569,6 +569,33 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
         f(&c["per_s"]) / iu.max(1.0),
         lat(&c["latency"])
     );
+    let up = &r["upstream"];
+    if let Some(rows) = up.as_array() {
+        let _ = writeln!(
+            o,
+            "\n## Up-push: clients to the backend ({} connections, TCP v2, 64-byte messages, {} un-ACKed each)\n\n\
+             Each connection pushes up as fast as the server accepts. The client's ACK means accepted: \
+             a synchronous webhook's receiver answered 2xx (batched POSTs, 8 in flight), an asynchronous \
+             one's bounded queue took it, the stream's `XADD` returned. *Accepted/s* counts from the \
+             first handshake to the last ACK; *at the backend/s* until the receiver (or `XLEN`) had \
+             every one. Latency is push → ACK at the client.\n\n\
+             | sink | accepted/s | at the backend/s | push → ACK p50 / p99 / p99.9 |\n|---|---|---|---|",
+            rows.first().map_or(Value::Null, |v| v["conns"].clone()),
+            16
+        );
+        for u in rows {
+            let _ = writeln!(
+                o,
+                "| {} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} ms |",
+                u["sink"].as_str().unwrap_or(""),
+                f(&u["accepted_per_s"]),
+                f(&u["delivered_per_s"]),
+                f(&u["p50_us"]) / 1000.0,
+                f(&u["p99_us"]) / 1000.0,
+                f(&u["p999_us"]) / 1000.0,
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "\n## Broadcast fan-out (64-byte messages, encryption on)\n\nBeyond one process's 19,990 sockets the server runs as a cluster on Redis (the broadcast crosses nodes) and the ideal as as many processes.\n\n| connections | server processes | messages/s | ideal messages/s | × ideal | latency |\n|---|---|---|---|---|---|"

@@ -16,6 +16,8 @@ use tokio::sync::Semaphore;
 
 use crate::worker::{Transport, stamp};
 
+mod upstream;
+
 /// Sockets per worker process (the limit is 20,000 open files per process).
 const PER_WORKER: usize = 19_000;
 const PAYLOAD: usize = 64;
@@ -34,7 +36,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Run only these scenario groups (ideal, connections, delivery, scale,
-    /// cluster, cpu); the report needs them all.
+    /// cluster, cpu, upstream); the report needs them all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
@@ -482,6 +484,9 @@ struct Sizes {
     /// Broadcast scaling points: (connections, server processes).
     scale: Vec<(usize, usize)>,
     timeout: Duration,
+    /// Up-push scenario: connections, and messages in all (per sink).
+    up_conns: usize,
+    up_msgs: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -1131,6 +1136,17 @@ fn print_report(r: &Value) {
             c["rss_after"]["deliveries"],
         );
     }
+    for u in r["upstream"].as_array().into_iter().flatten() {
+        println!(
+            "up-push to {}: {:.0} accepted/s, {:.0}/s at the backend; push -> ACK p50 {} us, p99 {} us, p999 {} us",
+            u["sink"].as_str().unwrap_or(""),
+            u["accepted_per_s"].as_f64().unwrap_or(0.0),
+            u["delivered_per_s"].as_f64().unwrap_or(0.0),
+            u["p50_us"],
+            u["p99_us"],
+            u["p999_us"],
+        );
+    }
 }
 
 /// The command that regenerates the report.
@@ -1165,6 +1181,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             rss_broadcasts: 8,
             scale: vec![(200, 1), (600, 3)],
             timeout: Duration::from_secs(60),
+            up_conns: 20,
+            up_msgs: 2_000,
         }
     } else {
         Sizes {
@@ -1178,6 +1196,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             rss_broadcasts: 150,
             scale: vec![(1_000, 1), (10_000, 1), (50_000, 3)],
             timeout: Duration::from_secs(300),
+            up_conns: 200,
+            up_msgs: 200_000,
         }
     };
     let started = Instant::now();
@@ -1228,6 +1248,11 @@ pub async fn run(a: RunArgs) -> Result<()> {
         eprintln!("cpu: server on one core, {} connections", s.conns);
         cpu_v = cpu(&me, &bin, &s).await?;
     }
+    let mut upstream_v = Value::Null;
+    if want("upstream") {
+        eprintln!("upstream: up-pushes to the sinks");
+        upstream_v = upstream::upstream(&bin, &s).await?;
+    }
     let ideal_delivery = ideal_delivery_v;
     let delivery = delivery_v;
     let report = json!({
@@ -1240,6 +1265,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
         "broadcast_scale": scale,
         "cluster": cluster,
         "cpu": cpu_v,
+        "upstream": upstream_v,
     });
     print_report(&report);
     println!("\ntargets:");
