@@ -817,6 +817,49 @@ mod tests {
     }
 
     #[test]
+    fn sinks_are_checked_with_the_setting_named() {
+        let check = |f: &dyn Fn(&mut Settings), key: &str| {
+            let mut s = Settings::default();
+            f(&mut s);
+            let e = s.validate().expect_err("invalid").to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        };
+        let hook = |url: &str, secret: &str| Webhook {
+            url: url.into(),
+            secret: secret.into(),
+            ..Webhook::default()
+        };
+        check(
+            &|s| s.sinks.webhooks = vec![hook("ftp://x/", "0123456789abcdef")],
+            "sinks.webhooks.url",
+        );
+        check(
+            &|s| s.sinks.webhooks = vec![hook("http://127.0.0.1:1/", "short")],
+            "sinks.webhooks.secret",
+        );
+        check(
+            &|s| {
+                let mut w = hook("http://127.0.0.1:1/", "0123456789abcdef");
+                w.events.clear();
+                s.sinks.webhooks = vec![w];
+            },
+            "sinks.webhooks.events",
+        );
+        check(
+            &|s| s.sinks.stream = Some(StreamSink::default()),
+            "sinks.stream",
+        );
+        check(
+            &|s| s.sinks.callback_urls = vec!["http://127.0.0.1:1/cb".into()],
+            "sinks.callback_secret",
+        );
+        check(&|s| s.limits.up_push_rate_per_conn = 0, "limits.up_push_");
+        let mut s = Settings::default();
+        s.sinks.webhooks = vec![hook("https://backend.example.com/hook", "0123456789abcdef")];
+        s.validate().expect("a valid webhook");
+    }
+
+    #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API
     fn file_and_environment_layer_over_defaults() {
         let dir = std::env::temp_dir().join(format!("mpush-cfg-{}", std::process::id()));

@@ -718,6 +718,85 @@ async fn the_stream_sink_delivers_across_a_node_restart() {
     server.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callbacks_come_from_the_node_that_holds_the_device() {
+    let redis = Redis::start(free_port()).await;
+    let rx = Receiver::start().await;
+    let node = |id: &str| {
+        let mut s = with_webhook(&rx, &[SinkEvent::Callback], WebhookMode::Async);
+        s.cluster.redis = redis.url();
+        s.cluster.node_id = id.into();
+        s.cluster.internal = "127.0.0.1:0".into();
+        s.cluster.secret = "test-node-secret-0123456789abcdef".into();
+        s.cluster.node_renew_secs = 1;
+        s.cluster.node_ttl_secs = 3;
+        s
+    };
+    let a = start(node("A")).await;
+    let b = start(node("B")).await;
+    let api = Api::new(&a);
+    for _ in 0..100 {
+        if api
+            .text(reqwest::Method::GET, "/", None)
+            .await
+            .1
+            .split(',')
+            .count()
+            == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut on_b = bound(&b, Via::Tcp, true, device("far-1", "android"), "far", "").await;
+    let mut on_a = bound(&a, Via::Tcp, true, device("near-1", "android"), "near", "").await;
+    // A unicast sent through A to a device on B: B watches it and reports.
+    let (st, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "far", "content": "across", "ackMode": "auto", "callback": true}),
+        )
+        .await;
+    assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
+    let trace = r["traceId"].as_str().expect("trace").to_owned();
+    on_b.message("across").await;
+    let got = rx.wait("delivery", 1).await;
+    let ack = got
+        .iter()
+        .find(|e| e["traceId"] == trace.as_str())
+        .expect("the callback");
+    assert_eq!(
+        (
+            ack["state"].as_str(),
+            ack["node"].as_str(),
+            ack["deviceId"].as_str()
+        ),
+        (Some("ACK"), Some("B"), Some("far-1")),
+        "{got:#?}"
+    );
+    // A broadcast: one aggregate from each node.
+    let (st, r) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "everyone", "ackMode": "auto", "callback": true}),
+        )
+        .await;
+    assert_eq!(st, 202, "{r}");
+    on_a.message("everyone").await;
+    on_b.message("everyone").await;
+    let aggs = rx.wait("broadcast", 2).await;
+    let mut nodes: Vec<&str> = aggs.iter().filter_map(|e| e["node"].as_str()).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["A", "B"], "{aggs:#?}");
+    assert!(
+        aggs.iter()
+            .all(|e| e["counts"]["ACK"] == 1 && e["settled"] == true),
+        "{aggs:#?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// `Running` is used by the helpers above through `common`.
 #[allow(dead_code)]
 fn _uses(_: &Running) {}

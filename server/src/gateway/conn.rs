@@ -371,9 +371,15 @@ impl<T: Transport> Driver<T> {
                 ) {
                     metrics::counter!("mpush_protocol_errors_total").increment(1);
                 }
-                if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    let why = format!("{reason:?}");
-                    hub.lifecycle(Lifecycle::Disconnected, user, info, Some(&why));
+                if let (Some(user), Some(info), true) =
+                    (&self.user, &self.info, hub.wants_lifecycle())
+                {
+                    hub.lifecycle(
+                        Lifecycle::Disconnected,
+                        user,
+                        info,
+                        Some(&close_reason(&reason)),
+                    );
                 }
                 if let (Some(user), Some(info), false) =
                     (&self.user, &self.info, unacked.is_empty())
@@ -429,6 +435,19 @@ impl<T: Transport> Driver<T> {
         }
         self.tx.close();
         self.gw.hub.closed_conn();
+    }
+}
+
+/// Why a connection ended, for a lifecycle event.
+fn close_reason(r: &CloseReason) -> String {
+    match r {
+        CloseReason::Local => "connection closed".into(),
+        CloseReason::HeartbeatTimeout => "heartbeat timeout".into(),
+        CloseReason::HandshakeTimeout => "handshake timeout".into(),
+        CloseReason::Protocol(e) => format!("protocol error: {e}"),
+        CloseReason::UnsupportedCommand(c) => format!("unsupported command {}", c.0),
+        CloseReason::Refused(why) => format!("refused: {why}"),
+        other => format!("{other:?}"),
     }
 }
 

@@ -204,6 +204,11 @@ impl Hub {
         }
     }
 
+    /// Some sink takes lifecycle events (callers skip building them otherwise).
+    pub fn wants_lifecycle(&self) -> bool {
+        self.sinks.wants(SinkEvent::Lifecycle)
+    }
+
     /// A connection lifecycle event, for the sinks that take them.
     pub fn lifecycle(&self, kind: Lifecycle, user: &str, info: &ConnInfo, reason: Option<&str>) {
         if !self.sinks.wants(SinkEvent::Lifecycle) {

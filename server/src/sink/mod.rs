@@ -123,7 +123,11 @@ impl Queue {
     fn notify(&self, kind: SinkEvent, event: Bytes) {
         if self.offer(event, None).is_err() {
             metrics::counter!("mpush_sink_events_dropped_total", "sink" => self.name.to_string(), "kind" => kind_name(kind)).increment(1);
-            if self.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(1000) {
+            if self
+                .dropped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1000)
+            {
                 tracing::warn!(sink = %self.name, kind = kind_name(kind), "sink queue full: event dropped");
             }
         }

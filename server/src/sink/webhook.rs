@@ -82,8 +82,16 @@ impl Deliver for Webhook {
             .await
             .map_err(|e| format!("POST {}: {e}", self.url))?;
         let status = r.status();
-        // Read the (small) answer so the connection can be reused.
-        let _ = r.bytes().await;
+        // Read a small answer so the connection can be reused; a large one
+        // is not read (nor held): the connection is dropped instead.
+        let mut r = r;
+        let mut read = 0usize;
+        while let Ok(Some(chunk)) = r.chunk().await {
+            read += chunk.len();
+            if read > 64 * 1024 {
+                break;
+            }
+        }
         if status.is_success() {
             Ok(())
         } else {
