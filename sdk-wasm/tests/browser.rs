@@ -93,7 +93,10 @@ async fn webhook_events() -> (Vec<JsValue>, u32) {
         .await
         .expect("JSON");
     let events = js_sys::Array::from(&get(&v, "events")).iter().collect();
-    (events, get(&v, "badSignatures").as_f64().unwrap_or(-1.0) as u32)
+    (
+        events,
+        get(&v, "badSignatures").as_f64().unwrap_or(-1.0) as u32,
+    )
 }
 
 /// Pushes through the server's HTTP API; returns the trace id.

@@ -49,7 +49,12 @@ async fn receiver() -> Result<(String, Arc<AtomicU64>)> {
 }
 
 /// One client: handshake, bind, then `n` up-pushes with `WINDOW` in flight.
-async fn client(addr: String, i: usize, n: usize, hist: Arc<std::sync::Mutex<Histogram<u64>>>) -> Result<()> {
+async fn client(
+    addr: String,
+    i: usize,
+    n: usize,
+    hist: Arc<std::sync::Mutex<Histogram<u64>>>,
+) -> Result<()> {
     let device = DeviceInfo {
         device_id: format!("up-{i}"),
         os_name: "android".into(),
@@ -60,7 +65,14 @@ async fn client(addr: String, i: usize, n: usize, hist: Arc<std::sync::Mutex<His
     cfg.handshake_timeout = Duration::from_secs(30);
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
-    let mut m = ClientConnection::new(Arc::new(cfg), seed, mpush_protocol::Instant::now(), 0, None, DedupWindow::new(16));
+    let mut m = ClientConnection::new(
+        Arc::new(cfg),
+        seed,
+        mpush_protocol::Instant::now(),
+        0,
+        None,
+        DedupWindow::new(16),
+    );
     let mut s = tokio::net::TcpStream::connect(&addr).await?;
     s.set_nodelay(true)?;
     let mut buf = vec![0u8; 64 * 1024];
@@ -133,7 +145,9 @@ async fn one(
     let total = (per * conns) as u64;
     let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let server = start_server_with(bin, redis.map(|r| (r, "U")), None, &env_ref).await?;
-    let hist = Arc::new(std::sync::Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?));
+    let hist = Arc::new(std::sync::Mutex::new(Histogram::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..conns)
         .map(|i| tokio::spawn(client(server.tcp.clone(), i, per, hist.clone())))
