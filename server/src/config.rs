@@ -477,6 +477,34 @@ impl Settings {
         fig.extract().map_err(|e| ConfigError::Load(Box::new(e)))
     }
 
+    /// A copy fit to print: every secret replaced by `"***"` (a Redis URL
+    /// keeps everything but its password).
+    pub fn masked(&self) -> Self {
+        let hide = |v: &mut String| {
+            if !v.is_empty() {
+                *v = "***".into();
+            }
+        };
+        let mut s = self.clone();
+        hide(&mut s.security.private_key);
+        hide(&mut s.security.bind_secret);
+        hide(&mut s.security.jwt_secret);
+        s.security.api_tokens.iter_mut().for_each(hide);
+        hide(&mut s.cluster.secret);
+        s.cluster.redis = mask_url_password(&s.cluster.redis);
+        s.sinks
+            .webhooks
+            .iter_mut()
+            .for_each(|w| hide(&mut w.secret));
+        hide(&mut s.sinks.callback_secret);
+        s
+    }
+
+    /// The effective settings as TOML, secrets masked (`config print`).
+    pub fn to_toml_masked(&self) -> String {
+        toml::to_string_pretty(&self.masked()).unwrap_or_else(|e| format!("# cannot print: {e}\n"))
+    }
+
     /// Checks every setting once; the server runs on the result.
     pub fn validate(self) -> Result<Validated, ConfigError> {
         let addr = |key: &'static str, v: &str| {
@@ -679,6 +707,21 @@ impl Settings {
     }
 }
 
+/// `scheme://user:password@host...` → `scheme://user:***@host...`.
+fn mask_url_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let (auth, host) = rest.split_at(at);
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***{host}"),
+        None => url.to_owned(),
+    }
+}
+
 fn validate_sinks(s: &Sinks, clustered: bool) -> Result<(), ConfigError> {
     let http_url = |u: &str| {
         (u.starts_with("http://") || u.starts_with("https://"))
@@ -814,6 +857,35 @@ mod tests {
         let mut s = Settings::default();
         s.limits.min_heartbeat_ms = 10;
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn printing_masks_every_secret() {
+        let mut s = Settings::default();
+        s.security.api_tokens = vec!["token-0123456789abcdef".into()];
+        s.security.jwt_secret = "jwt-secret-0123456789abcdef0123456789".into();
+        s.cluster.secret = "node-secret-0123456789abcdef0123456789".into();
+        s.cluster.redis = "redis://app:hunter2@10.0.0.5:6379/0".into();
+        s.sinks.webhooks = vec![Webhook {
+            url: "https://backend.example.com/hook".into(),
+            secret: "webhook-secret-0123456789".into(),
+            ..Webhook::default()
+        }];
+        let text = s.to_toml_masked();
+        for secret in [
+            "token-0123",
+            "jwt-secret",
+            "node-secret",
+            "hunter2",
+            "webhook-secret",
+        ] {
+            assert!(!text.contains(secret), "{secret} printed:\n{text}");
+        }
+        assert!(text.contains("redis://app:***@10.0.0.5:6379/0"), "{text}");
+        assert!(text.contains("https://backend.example.com/hook"), "{text}");
+        // What it prints loads back as settings.
+        let back: Settings = toml::from_str(&text).expect("valid TOML settings");
+        assert_eq!(back.net, s.net);
     }
 
     #[test]

@@ -29,10 +29,24 @@ struct Cli {
     /// TOML settings file; MPUSH__SECTION__KEY environment variables override it.
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Log lines as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", env = "MPUSH_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum Sub {
+    /// Settings: check a file, or print the effective settings.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCmd,
+    },
     /// Writes a fresh RSA key pair: the private key (PKCS#8 PEM) to `--out`,
     /// and prints the public key that apps embed (`ClientConfig.setPublicKey`).
     Keygen {
@@ -67,17 +81,57 @@ enum Sub {
     },
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum ConfigCmd {
+    /// Loads FILE (and the MPUSH__ environment) and validates every setting;
+    /// a bad one is named. Exit 0: the server would start with it.
+    Check { file: PathBuf },
+    /// Prints the effective settings (defaults, `--config`, environment,
+    /// flags) as TOML, every secret masked.
+    Print,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
+    }
+    if let Some(Sub::Config {
+        command: ConfigCmd::Check { file },
+    }) = &cli.command
+    {
+        match Settings::load(Some(file)).and_then(Settings::validate) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                return Ok(());
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", file.display());
+                std::process::exit(1);
+            }
+        }
+    }
     let mut settings = Settings::load(cli.config.as_deref())?;
     match cli.command {
+        Some(Sub::Config {
+            command: ConfigCmd::Print,
+        }) => {
+            apply_flags(&mut settings, cli.tcp, cli.ws, cli.http, cli.redis);
+            print!("{}", settings.to_toml_masked());
+            return Ok(());
+        }
+        Some(Sub::Config { .. }) => return Ok(()),
         Some(Sub::Keygen { out, bits }) => return keygen(&out, bits),
         Some(Sub::Token {
             user,
@@ -95,18 +149,7 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {}
     }
-    if let Some(a) = cli.tcp {
-        settings.net.tcp = a;
-    }
-    if let Some(a) = cli.ws {
-        settings.net.ws = a;
-    }
-    if let Some(a) = cli.http {
-        settings.net.http = a;
-    }
-    if let Some(r) = cli.redis {
-        settings.cluster.redis = r;
-    }
+    apply_flags(&mut settings, cli.tcp, cli.ws, cli.http, cli.redis);
     let cfg = settings.validate()?;
     let default_key = cfg.default_key;
     let open_api = cfg.settings.security.api_tokens.is_empty();
@@ -149,6 +192,27 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("shutting down: draining connections");
     running.shutdown().await;
     Ok(())
+}
+
+fn apply_flags(
+    settings: &mut Settings,
+    tcp: Option<String>,
+    ws: Option<String>,
+    http: Option<String>,
+    redis: Option<String>,
+) {
+    if let Some(a) = tcp {
+        settings.net.tcp = a;
+    }
+    if let Some(a) = ws {
+        settings.net.ws = a;
+    }
+    if let Some(a) = http {
+        settings.net.http = a;
+    }
+    if let Some(r) = redis {
+        settings.cluster.redis = r;
+    }
 }
 
 /// The key `token` signs with: `--key` (RS256 or ES256), else the configured secret.

@@ -1,4 +1,4 @@
-//! `mpush-server keygen` and `mpush-server token`, as an operator runs them.
+//! `mpush-server keygen`, `token`, `config check`, `config print` and `--log-format json`, as an operator runs them.
 
 use std::process::Command;
 
@@ -112,5 +112,86 @@ fn an_exposed_server_refuses_to_start_and_names_the_settings() {
     assert!(!ok);
     for key in ["security.allow_published_key", "security.anonymous_bind"] {
         assert!(stderr.contains(key), "{stderr}");
+    }
+}
+
+#[test]
+fn config_check_names_the_bad_setting_and_print_masks_secrets() {
+    let dir = std::env::temp_dir().join(format!("mpush-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[limits]\nmax_packet_size = 1\n").expect("write");
+    let (ok, _, err) = out(bin().args(["config", "check"]).arg(&bad));
+    assert!(!ok);
+    assert!(err.contains("limits.max_packet_size"), "{err}");
+    let typo = dir.join("typo.toml");
+    std::fs::write(&typo, "[limits]\nmax_conections = 5\n").expect("write");
+    let (ok, _, err) = out(bin().args(["config", "check"]).arg(&typo));
+    assert!(!ok);
+    assert!(err.contains("max_conections"), "{err}");
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "[security]\napi_tokens = [\"an-api-token-0123456789\"]\n\n[cluster]\nsecret = \"a-node-secret-0123456789abcdef0123456789\"\n",
+    )
+    .expect("write");
+    let (ok, stdout, err) = out(bin().args(["config", "check"]).arg(&good));
+    assert!(ok, "{err}");
+    assert!(stdout.contains("ok"), "{stdout}");
+    let (ok, printed, err) = out(bin().arg("--config").arg(&good).args(["config", "print"]));
+    assert!(ok, "{err}");
+    assert!(
+        !printed.contains("an-api-token") && !printed.contains("a-node-secret"),
+        "{printed}"
+    );
+    assert!(printed.contains("api_tokens = [\"***\"]"), "{printed}");
+    assert!(
+        printed.contains("[sinks]") && printed.contains("[limits]"),
+        "{printed}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn log_format_json_writes_one_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    let mut child = bin()
+        .args([
+            "--log-format",
+            "json",
+            "--tcp",
+            "127.0.0.1:0",
+            "--ws",
+            "",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .env("RUST_LOG", "info")
+        .env("MPUSH__NET__DEMO_DIR", "")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let stderr = child.stderr.take().expect("stderr");
+    // A deadline: the server is stopped after 10 s whatever it printed.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        let _ = Command::new("kill").arg(&pid).status();
+    });
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        lines.push(line);
+        if lines.len() == 2 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{l}");
+        assert!(v["timestamp"].is_string(), "{l}");
     }
 }
