@@ -3,7 +3,8 @@
 //!
 //! Conditions use the `evalexpr` language, close to the JavaScript mpush
 //! accepted for simple cases: `osName == "android" && clientVersion != "1.0"`,
-//! `str::regex_matches(tags, "vip")`. Variables: `userId`, `tags`,
+//! `str::regex_matches(tags, "vip")` (evalexpr's regex support: the `regex` crate, linear
+//! time). Variables: `userId`, `tags`,
 //! `clientVersion`, `osName`, `osVersion`.
 
 use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
@@ -139,6 +140,24 @@ fn context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_documented_regex_condition_works() {
+        let f = Filter::new(
+            vec![],
+            Some(r#"osName == "android" && str::regex_matches(tags, "vip")"#),
+            None,
+        )
+        .expect("the README's example parses");
+        let cond = f.condition.expect("a condition");
+        let eval = |tags: &str, os: &str| {
+            cond.eval_with_context(&context("u", tags, "1.0", os, "14"))
+                .expect("evaluates")
+        };
+        assert_eq!(eval("beta,vip", "android"), Value::Boolean(true));
+        assert_eq!(eval("beta", "android"), Value::Boolean(false));
+        assert_eq!(eval("vip", "ios"), Value::Boolean(false));
+    }
 
     #[test]
     fn deep_and_long_conditions_are_refused_before_parsing() {
