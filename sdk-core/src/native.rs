@@ -217,16 +217,72 @@ impl Drop for Client {
 
 enum Conn {
     Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     Ws(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
 }
 
+/// One trust store for every TLS connection of a client (`tls://`, `wss://`):
+/// the webpki roots, or only the pinned certificate.
+fn tls_config(pinned_pem: Option<&str>) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match pinned_pem {
+        Some(pem) => {
+            for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let c = c.map_err(|e| format!("pinned certificate: {e}"))?;
+                roots
+                    .add(c)
+                    .map_err(|e| format!("pinned certificate: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err("pinned certificate: no certificate in the PEM".into());
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 impl Conn {
-    async fn open(address: &str) -> Result<Self, String> {
+    async fn open(
+        address: &str,
+        tls: &Arc<tokio_rustls::rustls::ClientConfig>,
+    ) -> Result<Self, String> {
         if address.starts_with("ws://") || address.starts_with("wss://") {
-            let (ws, _) = tokio_tungstenite::connect_async(address)
+            let (ws, _) = tokio_tungstenite::connect_async_tls_with_config(
+                address,
+                None,
+                false,
+                Some(tokio_tungstenite::Connector::Rustls(tls.clone())),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(Self::Ws(Box::new(ws)))
+        } else if let Some(hostport) = address.strip_prefix("tls://") {
+            let host = hostport
+                .rsplit_once(':')
+                .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+                .ok_or_else(|| format!("{address}: tls://host:port"))?;
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| format!("{address}: {e}"))?;
+            let s = TcpStream::connect(hostport)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(Self::Ws(Box::new(ws)))
+            let _ = s.set_nodelay(true);
+            let s = tokio_rustls::TlsConnector::from(tls.clone())
+                .connect(name, s)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            Ok(Self::Tls(Box::new(s)))
         } else {
             let s = TcpStream::connect(address)
                 .await
@@ -239,6 +295,10 @@ impl Conn {
     async fn send(&mut self, b: Bytes) -> Result<(), String> {
         match self {
             Self::Tcp(s) => s.write_all(&b).await.map_err(|e| e.to_string()),
+            Self::Tls(s) => {
+                s.write_all(&b).await.map_err(|e| e.to_string())?;
+                s.flush().await.map_err(|e| e.to_string())
+            }
             Self::Ws(ws) => ws
                 .send(WsMessage::Binary(b))
                 .await
@@ -250,6 +310,11 @@ impl Conn {
     async fn recv(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>, String> {
         match self {
             Self::Tcp(s) => match s.read(buf).await {
+                Ok(0) => Ok(None),
+                Ok(n) => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
+                Err(e) => Err(e.to_string()),
+            },
+            Self::Tls(s) => match s.read(buf).await {
                 Ok(0) => Ok(None),
                 Ok(n) => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
                 Err(e) => Err(e.to_string()),
@@ -268,6 +333,9 @@ impl Conn {
     async fn close(self) {
         match self {
             Self::Tcp(mut s) => {
+                let _ = s.shutdown().await;
+            }
+            Self::Tls(mut s) => {
                 let _ = s.shutdown().await;
             }
             Self::Ws(mut ws) => {
@@ -320,6 +388,9 @@ async fn run(
 ) {
     let ticket = options.ticket_store.as_ref().and_then(|s| s.load());
     let connect_timeout = options.session.connect_timeout;
+    // A bad pinned certificate fails every TLS connect (and says why); plain
+    // addresses still work.
+    let tls = tls_config(options.session.tls_pinned_cert_pem.as_deref());
     let mut session = Session::new(
         options.session,
         ticket.as_deref(),
@@ -339,7 +410,19 @@ async fn run(
                     if let Some(c) = conn.take() {
                         c.close().await;
                     }
-                    match tokio::time::timeout(connect_timeout, Conn::open(&address)).await {
+                    let open = async {
+                        match &tls {
+                            Ok(t) => Conn::open(&address, t).await,
+                            Err(e)
+                                if address.starts_with("tls://")
+                                    || address.starts_with("wss://") =>
+                            {
+                                Err(e.clone())
+                            }
+                            Err(_) => Conn::open(&address, &tls_config(None)?).await,
+                        }
+                    };
+                    match tokio::time::timeout(connect_timeout, open).await {
                         Ok(Ok(c)) => {
                             conn = Some(c);
                             session.handle_opened(Instant::now());

@@ -28,7 +28,8 @@ use rand_core::{Rng as _, SeedableRng};
 /// How to reach the servers and who this client is.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Addresses tried in order: `host:port` (TCP) or `ws://` / `wss://` URLs.
+    /// Addresses tried in order: `host:port` (TCP), `tls://host:port` (TCP
+    /// over TLS) or `ws://` / `wss://` URLs.
     pub servers: Vec<String>,
     /// mpush's allocator: an HTTP URL whose `GET` returns `host:port,...`.
     /// When set, the list is fetched before each round of connection attempts.
@@ -46,6 +47,11 @@ pub struct SessionConfig {
     pub outbound_capacity: usize,
     /// How long an `Open` may take before it counts as failed.
     pub connect_timeout: Duration,
+    /// The native driver's TLS (`tls://`, `wss://`): `None` trusts the
+    /// webpki roots (Mozilla's); a PEM certificate here is the only one
+    /// trusted (pinning, for private deployments and self-signed servers).
+    /// Browsers use the page's own trust instead.
+    pub tls_pinned_cert_pem: Option<String>,
 }
 
 impl SessionConfig {
@@ -61,6 +67,7 @@ impl SessionConfig {
             dedup_capacity: 1024,
             outbound_capacity: 256,
             connect_timeout: Duration::from_secs(10),
+            tls_pinned_cert_pem: None,
         }
     }
 }

@@ -21,6 +21,7 @@ pub struct Settings {
     pub shutdown: Shutdown,
     pub cluster: Cluster,
     pub sinks: Sinks,
+    pub tls: TlsSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -234,6 +235,39 @@ impl Default for Delivery {
             broadcast_max: 100_000,
             session_ttl_secs: 86_400,
         }
+    }
+}
+
+/// TLS on the listeners that face clients (rustls). Off unless a
+/// certificate is given; the files are reloaded on SIGHUP or when they change.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain (leaf first) and PEM private key (PKCS#8, RSA or SEC1).
+    pub cert_file: String,
+    pub key_file: String,
+    /// Which listeners speak TLS: `tcp` (the binary gateway), `ws` (`wss://`),
+    /// `http` (HTTPS API).
+    pub listeners: Vec<String>,
+    /// How often the files are checked for a change.
+    pub reload_check_secs: u64,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            cert_file: String::new(),
+            key_file: String::new(),
+            listeners: vec!["tcp".into(), "ws".into(), "http".into()],
+            reload_check_secs: 5,
+        }
+    }
+}
+
+impl TlsSettings {
+    /// Whether `listener` (`tcp`, `ws` or `http`) speaks TLS.
+    pub fn on(&self, listener: &str) -> bool {
+        !self.cert_file.is_empty() && self.listeners.iter().any(|l| l == listener)
     }
 }
 
@@ -458,6 +492,8 @@ pub struct Validated {
     pub default_key: bool,
     /// Who may bind as whom.
     pub bind_auth: Arc<crate::auth::BindAuth>,
+    /// The certificate, when TLS is on.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 impl Settings {
@@ -695,6 +731,7 @@ impl Settings {
                 ),
             ));
         }
+        let tls = validate_tls(&self.tls)?;
         Ok(Validated {
             settings: self,
             tcp,
@@ -703,8 +740,36 @@ impl Settings {
             private_key: Arc::new(private_key),
             default_key,
             bind_auth: Arc::new(bind_auth),
+            tls,
         })
     }
+}
+
+/// Loads the certificate when TLS is configured (a bad file stops the start
+/// and `config check`, with the setting named).
+fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigError> {
+    if t.cert_file.is_empty() && t.key_file.is_empty() {
+        return Ok(None);
+    }
+    if t.cert_file.is_empty() || t.key_file.is_empty() {
+        return Err(invalid(
+            "tls.cert_file",
+            "tls.cert_file and tls.key_file go together",
+        ));
+    }
+    if let Some(l) = t
+        .listeners
+        .iter()
+        .find(|l| !matches!(l.as_str(), "tcp" | "ws" | "http"))
+    {
+        return Err(invalid("tls.listeners", format!("`{l}`: tcp, ws or http")));
+    }
+    if t.reload_check_secs == 0 {
+        return Err(invalid("tls.reload_check_secs", "must be at least 1"));
+    }
+    crate::tls::Tls::new(Path::new(&t.cert_file), Path::new(&t.key_file))
+        .map(Some)
+        .map_err(|e| invalid("tls.cert_file", e))
 }
 
 /// `scheme://user:password@host...` → `scheme://user:***@host...`.

@@ -20,6 +20,7 @@ pub mod redis_conn;
 pub mod route;
 pub mod sink;
 pub mod store;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -109,9 +110,19 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         hub
     };
     let gw = gateway::Gateway::new(hub.clone());
+    let tls_for = |listener: &str| {
+        cfg.tls
+            .as_ref()
+            .filter(|_| cfg.settings.tls.on(listener))
+            .map(|t| t.acceptor().clone())
+    };
+    if let Some(t) = &cfg.tls {
+        t.spawn_watch(Duration::from_secs(cfg.settings.tls.reload_check_secs));
+    }
     tasks.push(tokio::spawn(gateway::accept_loop(
         tcp,
         gateway::Kind::Tcp,
+        tls_for("tcp"),
         gw.clone(),
         hub.shutdown_signal(),
     )));
@@ -119,6 +130,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         tasks.push(tokio::spawn(gateway::accept_loop(
             ws,
             gateway::Kind::Ws,
+            tls_for("ws"),
             gw,
             hub.shutdown_signal(),
         )));
@@ -141,6 +153,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         http,
         app,
         limits,
+        tls_for("http"),
         http_stopped,
     )));
     Ok(Running {

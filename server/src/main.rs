@@ -154,6 +154,11 @@ async fn main() -> anyhow::Result<()> {
     let default_key = cfg.default_key;
     let open_api = cfg.settings.security.api_tokens.is_empty();
     let demo = mpush_server::api::demo_dir(&cfg.settings.net.demo_dir).is_some();
+    let tls = cfg.settings.tls.clone();
+    let (ws_scheme, http_scheme) = (
+        if tls.on("ws") { "wss" } else { "ws" },
+        if tls.on("http") { "https" } else { "http" },
+    );
     let running = mpush_server::start(cfg)
         .await
         .context("starting the server")?;
@@ -169,23 +174,27 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("mpush-server listening:");
-    println!("  TCP gateway        {}", running.tcp);
+    println!(
+        "  TCP gateway        {}{}",
+        running.tcp,
+        if tls.on("tcp") { " (TLS)" } else { "" }
+    );
     if let Some(ws) = running.ws {
-        println!("  WebSocket gateway  ws://{ws}/");
+        println!("  WebSocket gateway  {ws_scheme}://{ws}/");
     }
     println!(
-        "  HTTP API           http://{}/  (OpenAPI: /openapi.json, metrics: /metrics)",
+        "  HTTP API           {http_scheme}://{}/  (OpenAPI: /openapi.json, metrics: /metrics)",
         running.http
     );
     if demo {
         println!(
-            "  Demo page          http://{}/demo/",
+            "  Demo page          {http_scheme}://{}/demo/",
             loopback(running.http)
         );
     }
     println!("Push a first message:");
     println!(
-        "  curl -s http://{}/api/v1/push -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",
+        "  curl -s {http_scheme}://{}/api/v1/push -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",
         loopback(running.http)
     );
     shutdown_signal().await;

@@ -14,8 +14,9 @@ use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 /// Limits of the HTTP listener.
@@ -32,6 +33,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -54,21 +56,36 @@ pub async fn serve(
         };
         let app = app.clone();
         let stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            connection(stream, peer, app, limits, stop).await;
+            let _ = stream.set_nodelay(true);
+            match tls {
+                None => connection(stream, peer, app, limits, stop).await,
+                // The TLS handshake within the header deadline (slowloris).
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(s)) => connection(s, peer, app, limits, stop).await,
+                        _ => {
+                            metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
+                        }
+                    }
+                }
+            }
         });
     }
 }
 
-async fn connection(
-    stream: TcpStream,
+async fn connection<S>(
+    stream: S,
     peer: SocketAddr,
     app: Router,
     limits: HttpLimits,
     mut stop: watch::Receiver<bool>,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(AtomicU64::new(0));
     let started = tokio::time::Instant::now();
     let io = TokioIo::new(Watched {
@@ -108,20 +125,20 @@ async fn connection(
 }
 
 /// A socket that notes when it last moved bytes.
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     activity: Arc<AtomicU64>,
     started: tokio::time::Instant,
 }
 
-impl Watched {
+impl<S> Watched<S> {
     fn touch(&self) {
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.activity.store(ms, Ordering::Relaxed);
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -136,7 +153,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -19,7 +19,8 @@ use tracing::{debug, warn};
 
 use crate::logic::Hub;
 use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
-use transport::{Tcp, Ws};
+use tokio_rustls::TlsAcceptor;
+use transport::{Tcp, TlsTcp, Ws};
 
 /// What every connection of this node shares: the logic layer and the
 /// gateway's own limits.
@@ -62,6 +63,7 @@ pub enum Kind {
 pub async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
+    tls: Option<TlsAcceptor>,
     gw: Arc<Gateway>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -106,14 +108,48 @@ pub async fn accept_loop(
         let conn_id = hub.opened();
         tune(&stream, hub.cfg().settings.limits.tcp_keepalive_secs);
         let gw = gw.clone();
-        match kind {
-            Kind::Tcp => {
+        match (kind, tls.clone()) {
+            (Kind::Tcp, None) => {
                 tokio::spawn(conn::serve(Tcp(stream), gw, conn_id, peer, slot));
             }
-            Kind::Ws => {
+            (Kind::Ws, None) => {
                 tokio::spawn(upgrade(stream, gw, conn_id, peer, slot));
             }
+            (kind, Some(acceptor)) => {
+                tokio::spawn(tls_then(acceptor, kind, stream, gw, conn_id, peer, slot));
+            }
         }
+    }
+}
+
+/// The TLS handshake (within the handshake deadline), then the connection.
+async fn tls_then(
+    acceptor: TlsAcceptor,
+    kind: Kind,
+    stream: TcpStream,
+    gw: Arc<Gateway>,
+    conn_id: u64,
+    peer: SocketAddr,
+    slot: IpSlot,
+) {
+    let limit = Duration::from_millis(gw.hub.cfg().settings.limits.handshake_timeout_ms);
+    let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
+            debug!(%peer, error = %e, "TLS handshake failed");
+            gw.hub.closed_conn();
+            return;
+        }
+        Err(_) => {
+            metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
+            gw.hub.closed_conn();
+            return;
+        }
+    };
+    match kind {
+        Kind::Tcp => conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot).await,
+        Kind::Ws => upgrade(tls, gw, conn_id, peer, slot).await,
     }
 }
 
@@ -130,13 +166,10 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
     }
 }
 
-async fn upgrade(
-    stream: TcpStream,
-    gw: Arc<Gateway>,
-    conn_id: u64,
-    peer: SocketAddr,
-    slot: IpSlot,
-) {
+async fn upgrade<S>(stream: S, gw: Arc<Gateway>, conn_id: u64, peer: SocketAddr, slot: IpSlot)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let l = &gw.hub.cfg().settings.limits;
     let config = WebSocketConfig::default()
         .read_buffer_size(l.ws_read_buffer)

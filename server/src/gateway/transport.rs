@@ -6,8 +6,9 @@ use std::io;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -70,9 +71,50 @@ impl Transport for Tcp {
     }
 }
 
-pub struct Ws(pub WebSocketStream<TcpStream>);
+/// The binary gateway over TLS.
+pub struct TlsTcp(pub Box<TlsStream<TcpStream>>);
 
-impl Transport for Ws {
+impl Transport for TlsTcp {
+    const NAME: &'static str = "tcp";
+
+    async fn recv(&mut self) -> io::Result<Incoming> {
+        // rustls keeps its own buffers per connection; this one only lives
+        // across the read.
+        let mut buf = [0u8; 8192];
+        match self.0.read(&mut buf).await? {
+            0 => Ok(Incoming::Eof),
+            n => Ok(Incoming::Data(Bytes::copy_from_slice(&buf[..n]))),
+        }
+    }
+
+    async fn send(&mut self, data: Bytes) -> io::Result<()> {
+        self.0.write_all(&data).await?;
+        self.0.flush().await
+    }
+
+    async fn send_text(&mut self, _text: String) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "text on a TCP connection",
+        ))
+    }
+
+    async fn ping(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
+/// WebSocket over plain TCP or TLS (`wss://`).
+pub struct Ws<S = TcpStream>(pub WebSocketStream<S>);
+
+impl<S> Transport for Ws<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     const NAME: &'static str = "ws";
 
     async fn recv(&mut self) -> io::Result<Incoming> {

@@ -202,6 +202,10 @@ struct Connect {
     /// Keep the resume ticket in this file (fast connect across runs).
     #[arg(long)]
     ticket_file: Option<std::path::PathBuf>,
+    /// Trust only this PEM certificate for `tls://` and `wss://` (a private
+    /// or self-signed server); default: the webpki roots.
+    #[arg(long, value_name = "PEM_FILE")]
+    tls_pin: Option<std::path::PathBuf>,
 }
 
 impl Connect {
@@ -221,6 +225,11 @@ impl Connect {
         let mut session = SessionConfig::new(self.servers, Arc::new(key), device);
         session.allocator_url = self.allocator;
         session.offer_v2 = !self.legacy;
+        if let Some(f) = &self.tls_pin {
+            session.tls_pinned_cert_pem = Some(
+                std::fs::read_to_string(f).map_err(|e| format!("--tls-pin {}: {e}", f.display()))?,
+            );
+        }
         let options = ClientOptions {
             session,
             ticket_store: self

@@ -1,0 +1,146 @@
+//! TLS for the listeners that face clients (rustls): a certificate chain and
+//! key from PEM files, reloaded without dropping a connection, on SIGHUP or
+//! when a file changes (checked every few seconds). A reload that fails
+//! keeps the certificate in use and says why.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::{Mutex, RwLock};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+
+/// The certificate in use, swapped in place by a reload.
+#[derive(Debug)]
+struct Current {
+    key: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for Current {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.key.read().clone())
+    }
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("cert_file", &self.cert_file)
+            .finish_non_exhaustive()
+    }
+}
+
+pub struct Tls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    current: Arc<Current>,
+    acceptor: TlsAcceptor,
+    /// The files' modification times at the last load.
+    stamp: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Reads a chain and its key and checks that they belong together.
+fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<CertifiedKey>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+        .map_err(|e| format!("{}: {e}", cert_file.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert_file.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: no certificate in it", cert_file.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("{}: {e}", key_file.display()))?;
+    let ck = CertifiedKey::from_der(chain, key, &provider())
+        .map_err(|e| format!("{} with {}: {e}", cert_file.display(), key_file.display()))?;
+    Ok(Arc::new(ck))
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+impl Tls {
+    pub fn new(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, String> {
+        let key = load(cert_file, key_file)?;
+        let current = Arc::new(Current {
+            key: RwLock::new(key),
+        });
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_cert_resolver(current.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(Self {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            current,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            stamp: Mutex::new((mtime(cert_file), mtime(key_file))),
+        }))
+    }
+
+    pub fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// Reads the files again; new handshakes get the new certificate,
+    /// connections already open keep theirs.
+    pub fn reload(&self) -> Result<(), String> {
+        let key = load(&self.cert_file, &self.key_file)?;
+        *self.current.key.write() = key;
+        *self.stamp.lock() = (mtime(&self.cert_file), mtime(&self.key_file));
+        metrics::counter!("mpush_tls_reloads_total").increment(1);
+        tracing::info!(cert = %self.cert_file.display(), "TLS certificate reloaded");
+        Ok(())
+    }
+
+    fn changed(&self) -> bool {
+        *self.stamp.lock() != (mtime(&self.cert_file), mtime(&self.key_file))
+    }
+
+    /// Reloads on SIGHUP and when a file's modification time changes.
+    pub fn spawn_watch(self: &Arc<Self>, every: Duration) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            let mut hup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            loop {
+                #[cfg(unix)]
+                let signalled = async {
+                    match hup.as_mut() {
+                        Some(h) => {
+                            h.recv().await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                #[cfg(not(unix))]
+                let signalled = std::future::pending::<()>();
+                let by_signal = tokio::select! {
+                    _ = signalled => true,
+                    _ = tokio::time::sleep(every) => false,
+                };
+                let Some(tls) = me.upgrade() else { return };
+                if (by_signal || tls.changed())
+                    && let Err(e) = tls.reload()
+                {
+                    metrics::counter!("mpush_tls_reload_errors_total").increment(1);
+                    tracing::warn!(error = %e, "TLS reload failed; the certificate in use stays");
+                    // Do not retry the same broken files every few seconds.
+                    *tls.stamp.lock() = (mtime(&tls.cert_file), mtime(&tls.key_file));
+                }
+            }
+        });
+    }
+}

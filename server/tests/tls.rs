@@ -1,0 +1,202 @@
+//! TLS on every client-facing listener, with a self-signed certificate the
+//! test makes: the native SDK over `tls://` (the binary gateway) and `wss://`
+//! receives a push sent over HTTPS; the certificate is replaced on disk and
+//! reloaded without dropping a connected client.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use mpush_protocol::session::AckMode;
+use mpush_sdk_core::SessionEvent;
+use mpush_sdk_core::native::{Client, ClientOptions};
+use mpush_sdk_core::session::SessionConfig;
+use serde_json::json;
+
+/// A fresh self-signed certificate for 127.0.0.1 and localhost: (cert PEM, key PEM).
+fn self_signed() -> (String, String) {
+    let c = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("a certificate");
+    (c.cert.pem(), c.signing_key.serialize_pem())
+}
+
+fn write(dir: &Path, cert: &str, key: &str) -> (PathBuf, PathBuf) {
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    // Through a rename: the server never reads a half-written file.
+    for (path, text) in [(&c, cert), (&k, key)] {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, path).expect("rename");
+    }
+    (c, k)
+}
+
+fn client(address: String, pin: &str, device_id: &str) -> Client {
+    let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+    let mut cfg = SessionConfig::new(vec![address], key, device(device_id, "android"));
+    cfg.tls_pinned_cert_pem = Some(pin.to_owned());
+    cfg.backoff.initial = Duration::from_millis(100);
+    Client::connect(ClientOptions {
+        session: cfg,
+        ticket_store: None,
+    })
+}
+
+async fn next(c: &mut Client, what: &str, f: impl Fn(&SessionEvent) -> bool) -> SessionEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let e = tokio::time::timeout_at(deadline, c.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .unwrap_or_else(|| panic!("ended before {what}"));
+        if f(&e) {
+            return e;
+        }
+    }
+}
+
+async fn https_push(http: &reqwest::Client, base: &str, user: &str, content: &str) {
+    let r = http
+        .post(format!("{base}/api/v1/push"))
+        .json(&json!({"userId": user, "content": content, "ackMode": "auto"}))
+        .send()
+        .await
+        .expect("the API answers over HTTPS");
+    assert_eq!(r.status(), 200);
+}
+
+fn https_client(pem: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
+        .build()
+        .expect("client")
+}
+
+async fn message(c: &mut Client, text: &str) {
+    next(
+        c,
+        text,
+        |e| matches!(e, SessionEvent::Message(m) if m.content == text.as_bytes()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
+    let dir = std::env::temp_dir().join(format!("mpush-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = self_signed();
+    let (cert_file, key_file) = write(&dir, &cert, &key);
+    let mut s = settings();
+    s.tls.cert_file = cert_file.to_string_lossy().into_owned();
+    s.tls.key_file = key_file.to_string_lossy().into_owned();
+    s.tls.reload_check_secs = 1;
+    let server = start(s).await;
+    let base = format!("https://127.0.0.1:{}", server.http.port());
+
+    let mut over_tcp = client(
+        format!("tls://127.0.0.1:{}", server.tcp.port()),
+        &cert,
+        "tls-1",
+    );
+    let mut over_ws = client(
+        format!("wss://127.0.0.1:{}/", server.ws.expect("ws").port()),
+        &cert,
+        "wss-1",
+    );
+    over_tcp.bind("tina", "", "").await.expect("bind");
+    over_ws.bind("walt", "", "").await.expect("bind");
+    for c in [&mut over_tcp, &mut over_ws] {
+        next(c, "bound", |e| {
+            matches!(e, SessionEvent::BindResult { ok: true, .. })
+        })
+        .await;
+    }
+    let http = https_client(&cert);
+    https_push(&http, &base, "tina", "over tls").await;
+    https_push(&http, &base, "walt", "over wss").await;
+    message(&mut over_tcp, "over tls").await;
+    message(&mut over_ws, "over wss").await;
+    // Up-pushes ride the same TLS connection (no sink here: a clear refusal).
+    let e = over_tcp
+        .push(b"up", AckMode::Auto)
+        .await
+        .expect_err("no sink");
+    assert_eq!(e.code(), "push_rejected");
+
+    // Plain TCP to the TLS port gets nowhere.
+    let plain = reqwest::get(format!("http://127.0.0.1:{}/healthz", server.http.port())).await;
+    assert!(plain.is_err() || !plain.expect("response").status().is_success());
+
+    // A new certificate on disk: picked up (checked every second) without
+    // dropping the connected clients.
+    let (cert2, key2) = self_signed();
+    write(&dir, &cert2, &key2);
+    let new_http = https_client(&cert2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if new_http
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The old certificate is no longer served to new connections...
+    let old = https_client(&cert)
+        .get(format!("{base}/healthz"))
+        .send()
+        .await;
+    assert!(old.is_err(), "new handshakes use the new certificate");
+    // ...and the clients connected before the reload still receive.
+    https_push(&new_http, &base, "tina", "after reload").await;
+    https_push(&new_http, &base, "walt", "after reload, wss").await;
+    message(&mut over_tcp, "after reload").await;
+    message(&mut over_ws, "after reload, wss").await;
+    // A broken file keeps the certificate in use.
+    std::fs::write(&cert_file, "not a certificate").expect("write");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        new_http
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success()),
+        "a failed reload keeps serving the last good certificate"
+    );
+    drop((over_tcp, over_ws));
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_certificate_is_refused_at_start_with_the_setting_named() {
+    let dir = std::env::temp_dir().join(format!("mpush-tls-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, _) = self_signed();
+    let (_, other_key) = self_signed();
+    let (c, k) = write(&dir, &cert, &other_key);
+    let mut s = settings();
+    s.tls.cert_file = c.to_string_lossy().into_owned();
+    s.tls.key_file = k.to_string_lossy().into_owned();
+    let e = s
+        .validate()
+        .expect_err("a key that does not match")
+        .to_string();
+    assert!(e.contains("tls.cert_file"), "{e}");
+    let mut s = settings();
+    s.tls.cert_file = dir.join("missing.pem").to_string_lossy().into_owned();
+    s.tls.key_file = k.to_string_lossy().into_owned();
+    assert!(s.validate().is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
