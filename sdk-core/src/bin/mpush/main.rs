@@ -227,7 +227,8 @@ impl Connect {
         session.offer_v2 = !self.legacy;
         if let Some(f) = &self.tls_pin {
             session.tls_pinned_cert_pem = Some(
-                std::fs::read_to_string(f).map_err(|e| format!("--tls-pin {}: {e}", f.display()))?,
+                std::fs::read_to_string(f)
+                    .map_err(|e| format!("--tls-pin {}: {e}", f.display()))?,
             );
         }
         let options = ClientOptions {
