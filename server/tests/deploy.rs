@@ -170,10 +170,10 @@ fn the_example_config_names_every_setting() {
         if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = s.to_owned();
             assert!(example.contains(&format!("# [{s}]")), "[{s}] missing");
-        } else if let Some((k, _)) = line.split_once(" = ") {
-            if !example.contains(&format!("# {k} = ")) {
-                missing.push(format!("{section}.{k}"));
-            }
+        } else if let Some((k, _)) = line.split_once(" = ")
+            && !example.contains(&format!("# {k} = "))
+        {
+            missing.push(format!("{section}.{k}"));
         }
     }
     assert!(
