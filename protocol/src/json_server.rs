@@ -425,6 +425,7 @@ mod tests {
                     ack_mode: AckMode::Auto,
                     expires_at_ms: 0,
                     ack_timeout: None,
+                    queued_at: None,
                 },
                 now,
             )

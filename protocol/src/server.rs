@@ -109,6 +109,8 @@ pub struct OutboundPush {
     pub expires_at_ms: u64,
     /// How long each attempt waits for the ACK; `None`: the config's policy.
     pub ack_timeout: Option<Duration>,
+    /// When the sender accepted it (for its latency metrics; never sent).
+    pub queued_at: Option<Instant>,
 }
 
 /// Why a push was not sent.

@@ -264,6 +264,7 @@ fn push(s: &mut ServerConnection, now: Instant) -> Vec<u8> {
             ack_mode: AckMode::Auto,
             expires_at_ms: 0,
             ack_timeout: None,
+            queued_at: None,
         },
         now,
     )

@@ -55,6 +55,7 @@ fn push(p: &mut Pair, id: u64, mode: AckMode) -> Result<i32, PushError> {
             ack_mode: mode,
             expires_at_ms: 0,
             ack_timeout: None,
+            queued_at: None,
         },
         now,
     );

@@ -209,6 +209,7 @@ impl Net {
                 ack_mode: mode,
                 expires_at_ms: 0,
                 ack_timeout: None,
+                queued_at: None,
             },
             now,
         )

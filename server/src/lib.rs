@@ -20,14 +20,15 @@ pub mod redis_conn;
 pub mod route;
 pub mod sink;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -47,16 +48,7 @@ pub struct Running {
 /// The process-wide Prometheus recorder (installed once, shared by servers
 /// started in the same process, as tests do).
 pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Fails only if another recorder is installed; then ours just renders nothing.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
+    telemetry::handle()
 }
 
 /// Starts the server: the embedded in-memory default, or a cluster node when

@@ -24,10 +24,11 @@ impl ConnectionLike for RedisConn {
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
+        let f = match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
-        }
+        };
+        Box::pin(timed(command_name(cmd), f))
     }
 
     fn req_packed_commands<'a>(
@@ -36,10 +37,11 @@ impl ConnectionLike for RedisConn {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
+        let f = match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        };
+        Box::pin(timed("PIPELINE", f))
     }
 
     fn get_db(&self) -> i64 {
@@ -50,6 +52,73 @@ impl ConnectionLike for RedisConn {
     }
 }
 use tracing::{info, warn};
+
+/// Commands named in the metrics (others are `OTHER`: a fixed label set).
+const COMMANDS: &[&str] = &[
+    "GET",
+    "SET",
+    "DEL",
+    "EXISTS",
+    "EXPIRE",
+    "PEXPIRE",
+    "TTL",
+    "HGET",
+    "HSET",
+    "HDEL",
+    "HMGET",
+    "HGETALL",
+    "HLEN",
+    "SADD",
+    "SREM",
+    "SMEMBERS",
+    "SCARD",
+    "SISMEMBER",
+    "ZADD",
+    "ZREM",
+    "ZRANGE",
+    "ZCARD",
+    "LPUSH",
+    "RPUSH",
+    "LRANGE",
+    "LTRIM",
+    "LLEN",
+    "LREM",
+    "INCR",
+    "PUBLISH",
+    "SPUBLISH",
+    "PING",
+    "EVAL",
+    "EVALSHA",
+    "SCRIPT",
+    "XADD",
+    "SCAN",
+    "MGET",
+    "SENTINEL",
+    "INFO",
+];
+
+fn command_name(cmd: &redis::Cmd) -> &'static str {
+    let Some(redis::Arg::Simple(first)) = cmd.args_iter().next() else {
+        return "OTHER";
+    };
+    COMMANDS
+        .iter()
+        .find(|c| c.as_bytes().eq_ignore_ascii_case(first))
+        .copied()
+        .unwrap_or("OTHER")
+}
+
+/// One Redis round trip, timed and counted by command.
+async fn timed<T>(command: &'static str, f: redis::RedisFuture<'_, T>) -> redis::RedisResult<T> {
+    let started = std::time::Instant::now();
+    let r = f.await;
+    metrics::histogram!("mpush_redis_command_duration_seconds", "command" => command)
+        .record(started.elapsed().as_secs_f64());
+    if r.is_err() {
+        metrics::counter!("mpush_redis_command_errors_total", "command" => command).increment(1);
+    }
+    r
+}
 
 #[derive(Clone)]
 pub struct RedisHandle(Arc<Inner>);

@@ -816,3 +816,48 @@ async fn an_unacked_broadcast_copy_goes_to_the_inbox_when_the_connection_closes(
     }
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_help_units_histograms_and_build_info() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut c = bound(
+        &server,
+        Via::Tcp,
+        true,
+        device("m-1", "android"),
+        "metric-user",
+        "",
+    )
+    .await;
+    let (st, _) = api
+        .post(
+            "/api/v1/push",
+            serde_json::json!({"userId": "metric-user", "content": "measured", "ackMode": "auto"}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    c.message("measured").await;
+    // The ACK reaches the server (the trace says so) before the scrape.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let metrics = loop {
+        let (_, m) = api.text(reqwest::Method::GET, "/metrics", None).await;
+        if m.contains("mpush_push_ack_seconds_count") {
+            break m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for needle in [
+        "# HELP mpush_connections Open client connections",
+        "# TYPE mpush_handshake_duration_seconds histogram",
+        "mpush_handshake_duration_seconds_bucket{kind=\"full\",le=\"0.1\"}",
+        "# TYPE mpush_push_write_delay_seconds histogram",
+        "mpush_push_write_delay_seconds_count",
+        "# TYPE mpush_push_ack_seconds histogram",
+        "mpush_build_info{",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");
+    }
+    server.shutdown().await;
+}

@@ -645,11 +645,7 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 }
 
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
-    metrics::gauge!("mpush_connections").set(s.hub.connections() as f64);
-    metrics::gauge!("mpush_bound_connections").set(s.hub.bound() as f64);
-    for (sink, n) in s.hub.sinks().depths() {
-        metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
-    }
+    s.hub.update_gauges();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),

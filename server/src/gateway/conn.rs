@@ -33,9 +33,10 @@ struct Driver<T: Transport> {
     info: Option<Arc<ConnInfo>>,
     user: Option<Arc<str>>,
     tx: Arc<ConnQueue>,
-    /// Traces of the pushes queued in the machine since the last write: they
-    /// are DELIVERED once that write succeeds.
-    unwritten: Vec<Arc<str>>,
+    /// Traces of the pushes queued in the machine since the last write (and
+    /// when the server accepted each): they are DELIVERED once that write
+    /// succeeds.
+    unwritten: Vec<(Arc<str>, Option<Instant>)>,
     draining: bool,
     /// Up-pushes refused for this connection's or user's rate in a row.
     rate_refusals: u32,
@@ -184,8 +185,9 @@ impl<T: Transport> Driver<T> {
 
     fn push(&mut self, p: OutboundPush) {
         let trace_id = p.trace_id.clone();
+        let queued_at = p.queued_at;
         match self.machine.push(p, Instant::now()) {
-            Ok(_) => self.unwritten.push(trace_id),
+            Ok(_) => self.unwritten.push((trace_id, queued_at)),
             // Already in flight here (an inbox replay of a push under way).
             Err(PushError::Duplicate(_)) => {}
             Err(e) => {
@@ -213,8 +215,13 @@ impl<T: Transport> Driver<T> {
                 self.write(t).await?;
             }
             if !self.unwritten.is_empty() {
-                let traces = std::mem::take(&mut self.unwritten);
+                let written = std::mem::take(&mut self.unwritten);
+                for at in written.iter().filter_map(|(_, at)| *at) {
+                    metrics::histogram!("mpush_push_write_delay_seconds")
+                        .record(at.elapsed().as_secs_f64());
+                }
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                    let traces: Vec<Arc<str>> = written.into_iter().map(|(t, _)| t).collect();
                     self.gw.hub.settle_written(user, info, &traces);
                 }
             }
@@ -256,6 +263,8 @@ impl<T: Transport> Driver<T> {
                 }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
+                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "full")
+                    .record(self.accepted.elapsed().as_secs_f64());
             }
             ServerEvent::DecryptRequested { ciphertext } => {
                 // Off the async workers (the address's budget is its
@@ -289,6 +298,8 @@ impl<T: Transport> Driver<T> {
             } => {
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "fast").increment(1);
+                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "fast")
+                    .record(self.accepted.elapsed().as_secs_f64());
                 if (replaces.is_some() || session.is_some())
                     && !Box::pin(hub.rotate_session(replaces, session)).await
                 {
@@ -347,6 +358,10 @@ impl<T: Transport> Driver<T> {
                 }
             }
             ServerEvent::Acked { push } => {
+                if let Some(at) = push.queued_at {
+                    metrics::histogram!("mpush_push_ack_seconds")
+                        .record(at.elapsed().as_secs_f64());
+                }
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
                     hub.settle_acked(user, info, &push).await;
                 }

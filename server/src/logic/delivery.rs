@@ -93,6 +93,7 @@ impl Hub {
             (t, _) => t,
         };
         let message_id = self.next_message_id();
+        let queued_at = mpush_protocol::Instant::now();
         let mut outcomes = Vec::with_capacity(users.len());
         let mut remote: HashMap<String, Vec<(usize, Route, Arc<OutboundPush>)>> = HashMap::new();
         for (i, (user, targets)) in users.iter().zip(routes).enumerate() {
@@ -120,6 +121,7 @@ impl Hub {
                     0
                 },
                 ack_timeout: spec.ack_timeout,
+                queued_at: Some(queued_at),
             });
             if keep_secs > 0 && (spec.ack_mode != AckMode::None || targets.is_empty()) {
                 let stored = StoredMessage {
@@ -321,6 +323,7 @@ impl Hub {
             expires_at_ms: b.expires_at_ms,
             ack_timeout: (b.ack_timeout_ms > 0)
                 .then(|| Duration::from_millis(u64::from(b.ack_timeout_ms))),
+            queued_at: Some(mpush_protocol::Instant::now()),
         });
         if let Some(target) = callback {
             let ack = push.ack_mode != AckMode::None;
@@ -467,6 +470,7 @@ impl Hub {
             ack_mode: spec.ack_mode,
             expires_at_ms: 0,
             ack_timeout: None,
+            queued_at: Some(mpush_protocol::Instant::now()),
         });
         // Flow control in slices large enough that waiting costs nothing per message.
         for chunk in targets.chunks(1024) {
@@ -658,6 +662,7 @@ impl Hub {
                 ack_mode: m.ack_mode,
                 expires_at_ms: u64::try_from(m.expires_at_ms).unwrap_or(0),
                 ack_timeout: None,
+                queued_at: Some(mpush_protocol::Instant::now()),
             });
         }
         out

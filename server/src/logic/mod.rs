@@ -199,6 +199,15 @@ impl Hub {
     /// The up-push limiters' sweep; cluster membership and route refresh
     /// (cluster mode only).
     fn spawn_background(self: &Arc<Self>) {
+        // Gauges kept current (not only when scraped).
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(hub) = me.upgrade() else { return };
+                hub.update_gauges();
+            }
+        });
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
@@ -227,6 +236,15 @@ impl Hub {
                 }
             }
         });
+    }
+
+    /// Connections, bound connections and the sinks' queues, as gauges.
+    pub fn update_gauges(&self) {
+        metrics::gauge!("mpush_connections").set(self.connections() as f64);
+        metrics::gauge!("mpush_bound_connections").set(self.bound() as f64);
+        for (sink, n) in self.sinks.depths() {
+            metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
+        }
     }
 
     pub fn cfg(&self) -> &Arc<Validated> {

@@ -62,6 +62,7 @@ pub extern "C" fn mpush_probe(seed: u64, v2: u32) -> u32 {
                             ack_mode: AckMode::Auto,
                             expires_at_ms: 0,
                             ack_timeout: None,
+                            queued_at: None,
                         },
                         now,
                     );

@@ -1,0 +1,460 @@
+//! Metrics: the Prometheus recorder, every metric's HELP text and unit, the
+//! histograms' buckets, and `mpush_build_info`. `CATALOG` is the one list
+//! of names (a test checks that the sources use no other, and the Grafana
+//! dashboard in docs/ops/ is built from it).
+
+use std::sync::OnceLock;
+
+use metrics::Unit;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// (name, kind, unit, help)
+pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
+    (
+        "mpush_build_info",
+        Gauge,
+        Unit::Count,
+        "Always 1; the labels name the version and the Rust it was built with",
+    ),
+    (
+        "mpush_connections",
+        Gauge,
+        Unit::Count,
+        "Open client connections (bound or not), updated every second",
+    ),
+    (
+        "mpush_bound_connections",
+        Gauge,
+        Unit::Count,
+        "Connections bound to a user on this node, updated every second",
+    ),
+    (
+        "mpush_connections_total",
+        Counter,
+        Unit::Count,
+        "Client connections accepted",
+    ),
+    (
+        "mpush_connections_refused_total",
+        Counter,
+        Unit::Count,
+        "Client connections refused, by reason (max_connections, per_ip, rate)",
+    ),
+    (
+        "mpush_accept_errors_total",
+        Counter,
+        Unit::Count,
+        "accept() failures (e.g. out of file descriptors)",
+    ),
+    (
+        "mpush_handshakes_total",
+        Counter,
+        Unit::Count,
+        "Completed handshakes, by kind (full, fast)",
+    ),
+    (
+        "mpush_handshakes_refused_total",
+        Counter,
+        Unit::Count,
+        "Handshakes refused (RSA queue full, bad parameters)",
+    ),
+    (
+        "mpush_handshake_duration_seconds",
+        Histogram,
+        Unit::Seconds,
+        "From accept to a completed handshake, by kind (full, fast)",
+    ),
+    (
+        "mpush_tls_handshake_errors_total",
+        Counter,
+        Unit::Count,
+        "TLS handshakes that failed or timed out",
+    ),
+    (
+        "mpush_tls_reloads_total",
+        Counter,
+        Unit::Count,
+        "TLS certificate reloads",
+    ),
+    (
+        "mpush_tls_reload_errors_total",
+        Counter,
+        Unit::Count,
+        "TLS certificate reloads that failed (the certificate in use stays)",
+    ),
+    (
+        "mpush_protocol_errors_total",
+        Counter,
+        Unit::Count,
+        "Connections closed for a protocol error",
+    ),
+    (
+        "mpush_bind_refused_total",
+        Counter,
+        Unit::Count,
+        "Binds refused by bind authentication",
+    ),
+    (
+        "mpush_kicks_total",
+        Counter,
+        Unit::Count,
+        "Kicks sent to connections",
+    ),
+    (
+        "mpush_resume_replays_total",
+        Counter,
+        Unit::Count,
+        "Fast connects refused as replays of a used ticket",
+    ),
+    (
+        "mpush_pushes_total",
+        Counter,
+        Unit::Count,
+        "Pushes handed to a connection or another node",
+    ),
+    (
+        "mpush_push_write_delay_seconds",
+        Histogram,
+        Unit::Seconds,
+        "From the server accepting a push (API, forward, inbox replay) to its write on the socket",
+    ),
+    (
+        "mpush_push_ack_seconds",
+        Histogram,
+        Unit::Seconds,
+        "From the server accepting a push to the client's ACK",
+    ),
+    (
+        "mpush_acks_total",
+        Counter,
+        Unit::Count,
+        "ACKs received, by mode",
+    ),
+    (
+        "mpush_push_retries_total",
+        Counter,
+        Unit::Count,
+        "Pushes sent again for want of an ACK",
+    ),
+    (
+        "mpush_slow_consumer_total",
+        Counter,
+        Unit::Count,
+        "Pushes not queued: the connection's command queue was full",
+    ),
+    (
+        "mpush_slow_consumer_closed_total",
+        Counter,
+        Unit::Count,
+        "Connections closed because a write took longer than limits.write_timeout_ms",
+    ),
+    (
+        "mpush_broadcast_deliveries_total",
+        Counter,
+        Unit::Count,
+        "Broadcast copies handed to connections",
+    ),
+    (
+        "mpush_flow_control_waits_total",
+        Counter,
+        Unit::Count,
+        "Times a push or broadcast waited for the rate limit",
+    ),
+    (
+        "mpush_inbox_full_total",
+        Counter,
+        Unit::Count,
+        "Offline messages refused: the user's inbox was full",
+    ),
+    (
+        "mpush_forwards_total",
+        Counter,
+        Unit::Count,
+        "Pushes forwarded to another node and taken there",
+    ),
+    (
+        "mpush_forward_errors_total",
+        Counter,
+        Unit::Count,
+        "Forwards to another node that failed",
+    ),
+    (
+        "mpush_node_auth_refused_total",
+        Counter,
+        Unit::Count,
+        "Node-to-node connections that failed the secret's challenge",
+    ),
+    (
+        "mpush_cluster_malformed_total",
+        Counter,
+        Unit::Count,
+        "Malformed cluster messages ignored",
+    ),
+    (
+        "mpush_redis_errors_total",
+        Counter,
+        Unit::Count,
+        "Redis failures seen by a store, by store",
+    ),
+    (
+        "mpush_redis_command_duration_seconds",
+        Histogram,
+        Unit::Seconds,
+        "Redis round trips, by command (PIPELINE for pipelines)",
+    ),
+    (
+        "mpush_redis_command_errors_total",
+        Counter,
+        Unit::Count,
+        "Redis commands that failed, by command",
+    ),
+    (
+        "mpush_sessions_evicted_total",
+        Counter,
+        Unit::Count,
+        "Resumable sessions forgotten for the memory bounds",
+    ),
+    (
+        "mpush_sessions_unsealable_total",
+        Counter,
+        Unit::Count,
+        "Stored sessions that could not be unsealed (a changed key)",
+    ),
+    (
+        "mpush_traces_evicted_total",
+        Counter,
+        Unit::Count,
+        "Traces forgotten for the memory bounds",
+    ),
+    (
+        "mpush_traces_untraced_total",
+        Counter,
+        Unit::Count,
+        "Pushes sent without a trace record (the trace store was down)",
+    ),
+    (
+        "mpush_trace_events_dropped_total",
+        Counter,
+        Unit::Count,
+        "Trace events dropped: the trace writer's queue was full",
+    ),
+    (
+        "mpush_trace_events_lost_total",
+        Counter,
+        Unit::Count,
+        "Trace events the trace store did not take",
+    ),
+    (
+        "mpush_api_refused_total",
+        Counter,
+        Unit::Count,
+        "API requests refused (authentication, Host or Origin checks)",
+    ),
+    (
+        "mpush_http_connections_refused_total",
+        Counter,
+        Unit::Count,
+        "HTTP connections refused over limits.http_max_connections",
+    ),
+    (
+        "mpush_http_idle_closed_total",
+        Counter,
+        Unit::Count,
+        "Kept-alive HTTP connections closed when idle",
+    ),
+    (
+        "mpush_up_pushes_total",
+        Counter,
+        Unit::Count,
+        "Up-pushes received from clients",
+    ),
+    (
+        "mpush_up_pushes_accepted_total",
+        Counter,
+        Unit::Count,
+        "Up-pushes accepted by every sink",
+    ),
+    (
+        "mpush_up_pushes_refused_total",
+        Counter,
+        Unit::Count,
+        "Up-pushes refused, by reason (conn_rate, user_rate, sink)",
+    ),
+    (
+        "mpush_up_push_abuse_closed_total",
+        Counter,
+        Unit::Count,
+        "Connections closed for up-pushes over the rate limit",
+    ),
+    (
+        "mpush_sink_queue_depth",
+        Gauge,
+        Unit::Count,
+        "Events waiting in a sink (queued or in a batch being sent), by sink, updated every second",
+    ),
+    (
+        "mpush_sink_events_delivered_total",
+        Counter,
+        Unit::Count,
+        "Events a sink handed on, by sink",
+    ),
+    (
+        "mpush_sink_retries_total",
+        Counter,
+        Unit::Count,
+        "Failed deliveries retried, by sink",
+    ),
+    (
+        "mpush_sink_refused_total",
+        Counter,
+        Unit::Count,
+        "Up-pushes a sink refused (full, or not accepted in time), by sink",
+    ),
+    (
+        "mpush_sink_events_dropped_total",
+        Counter,
+        Unit::Count,
+        "Lifecycle and callback events dropped: the sink's queue was full, by sink and kind",
+    ),
+    (
+        "mpush_callbacks_total",
+        Counter,
+        Unit::Count,
+        "Delivery callbacks produced",
+    ),
+    (
+        "mpush_callback_watch_refused_total",
+        Counter,
+        Unit::Count,
+        "Pushes with callbacks refused: too many watched",
+    ),
+];
+
+/// Seconds: from 100 µs to 30 s.
+const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// The process's Prometheus recorder, installed once (tests start many
+/// servers in one process).
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+                .expect("valid buckets")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder is installed; then ours just renders nothing.
+            if metrics::set_global_recorder(recorder).is_ok() {
+                describe();
+            }
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    for (name, kind, unit, help) in CATALOG {
+        match kind {
+            Counter => metrics::describe_counter!(*name, *unit, *help),
+            Gauge => metrics::describe_gauge!(*name, *unit, *help),
+            Histogram => metrics::describe_histogram!(*name, *unit, *help),
+        }
+    }
+    metrics::gauge!(
+        "mpush_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "rust" => option_env!("CARGO_PKG_RUST_VERSION").unwrap_or(""),
+    )
+    .set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the sources record is in the catalog, once, and the
+    /// catalog names nothing the sources do not record.
+    #[test]
+    fn the_catalog_is_every_metric_and_only_those() {
+        fn sources(dir: &std::path::Path, out: &mut String) {
+            for e in std::fs::read_dir(dir).expect("dir").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    sources(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("telemetry.rs") {
+                    out.push_str(&std::fs::read_to_string(&p).expect("read"));
+                }
+            }
+        }
+        let mut text = String::new();
+        sources(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut text,
+        );
+        let mut used = std::collections::BTreeSet::new();
+        for (i, _) in text.match_indices("\"mpush_") {
+            let rest = &text[i + 1..];
+            let end = rest.find('"').unwrap_or(0);
+            let name = &rest[..end];
+            if name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                used.insert(name.to_owned());
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (name, ..) in CATALOG {
+            assert!(names.insert(name.to_string()), "{name} twice");
+        }
+        let missing: Vec<_> = used.difference(&names).collect();
+        assert!(missing.is_empty(), "not in the catalog: {missing:?}");
+        names.remove("mpush_build_info");
+        let unused: Vec<_> = names.difference(&used).collect();
+        assert!(
+            unused.is_empty(),
+            "in the catalog, never recorded: {unused:?}"
+        );
+    }
+
+    /// The Grafana dashboard asks only for metrics the server has.
+    #[test]
+    fn the_dashboard_uses_catalog_names() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/ops/grafana-dashboard.json");
+        let text = std::fs::read_to_string(&path).expect("the dashboard");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let mut seen = 0;
+        for p in v["panels"].as_array().expect("panels") {
+            for t in p["targets"].as_array().expect("targets") {
+                let expr = t["expr"].as_str().expect("expr");
+                for (i, _) in expr.match_indices("mpush_") {
+                    let name: String = expr[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    let base = ["_bucket", "_count", "_sum"]
+                        .iter()
+                        .find_map(|s| name.strip_suffix(s))
+                        .unwrap_or(&name);
+                    assert!(
+                        CATALOG.iter().any(|(n, ..)| *n == base),
+                        "the dashboard asks for {name}"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 20, "the dashboard uses the metrics");
+    }
+}
