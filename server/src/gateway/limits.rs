@@ -13,39 +13,28 @@ use mpush_protocol::crypto::RsaPrivate;
 use mpush_protocol::error::CryptoError;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-/// A token bucket per client IP: `rate` per second, a burst of the same size.
+/// New connections per client IP: `rate` per second, a burst of the same
+/// size (governor's keyed GCRA; addresses idle long enough are forgotten).
 pub struct IpRateLimit {
-    rate: f64,
-    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+    limiter: governor::DefaultKeyedRateLimiter<IpAddr>,
 }
 
 impl IpRateLimit {
     pub fn new(rate: u32) -> Self {
+        let rate = std::num::NonZeroU32::new(rate.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
         Self {
-            rate: f64::from(rate.max(1)),
-            buckets: Mutex::new(HashMap::new()),
+            limiter: governor::DefaultKeyedRateLimiter::keyed(governor::Quota::per_second(rate)),
         }
     }
 
     pub fn allow(&self, ip: IpAddr) -> bool {
-        let now = Instant::now();
-        let mut b = self.buckets.lock();
-        if b.len() > 100_000 {
-            // Forget full buckets; they are equivalent to new ones.
-            let rate = self.rate;
-            b.retain(|_, (t, at)| *t + now.duration_since(*at).as_secs_f64() * rate < rate);
+        if self.limiter.len() > 100_000 {
+            // Forget addresses whose budget is full again: they are
+            // equivalent to new ones.
+            self.limiter.retain_recent();
         }
-        let e = b.entry(ip).or_insert((self.rate, now));
-        e.0 = (e.0 + now.duration_since(e.1).as_secs_f64() * self.rate).min(self.rate);
-        e.1 = now;
-        if e.0 >= 1.0 {
-            e.0 -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.limiter.check_key(&ip).is_ok()
     }
 }
 

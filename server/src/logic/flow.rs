@@ -1,72 +1,75 @@
-//! Flow control: a token bucket that delays work over the rate instead of
-//! dropping it (mpush manual, section 6.6).
+//! Flow control: work over the rate is delayed, not dropped (mpush manual,
+//! section 6.6), with governor's GCRA limiter.
 
-use std::time::Duration;
+use std::num::NonZeroU32;
 
-use parking_lot::Mutex;
-use tokio::time::Instant;
+use governor::{DefaultDirectRateLimiter, Quota};
 
 pub struct RateLimiter {
-    rate: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
+    limiter: DefaultDirectRateLimiter,
+    /// The most one wait may take at once (the burst: one second's worth).
+    burst: NonZeroU32,
 }
 
 impl RateLimiter {
     /// `rate` per second, with a burst of one second's worth.
     pub fn new(rate: u32) -> Self {
-        let rate = f64::from(rate.max(1));
+        let burst = NonZeroU32::new(rate.max(1)).unwrap_or(NonZeroU32::MIN);
         Self {
-            rate,
-            burst: rate,
-            state: Mutex::new((rate, Instant::now())),
+            limiter: DefaultDirectRateLimiter::direct(Quota::per_second(burst)),
+            burst,
         }
     }
 
-    /// Takes `n` tokens, waiting once (for the whole deficit) when there are
-    /// not enough: work over the rate is delayed in large slices, so waiting
-    /// costs nothing per message.
+    /// Takes `n` tokens, waiting when there are not enough: work over the
+    /// rate is delayed in slices as large as the burst, so waiting costs
+    /// nothing per message.
     pub async fn acquire(&self, n: usize) {
-        let wait = {
-            let mut s = self.state.lock();
-            let now = Instant::now();
-            let refill = now.saturating_duration_since(s.1).as_secs_f64() * self.rate;
-            s.0 = (s.0 + refill).min(self.burst);
-            s.1 = now;
-            s.0 -= n as f64;
-            if s.0 >= 0.0 {
-                return;
+        let mut left = n;
+        let mut waited = false;
+        while left > 0 {
+            let slice = u32::try_from(left)
+                .unwrap_or(u32::MAX)
+                .min(self.burst.get());
+            let cells = NonZeroU32::new(slice).unwrap_or(NonZeroU32::MIN);
+            if self.limiter.check_n(cells) != Ok(Ok(())) {
+                waited = true;
+                // Within the burst by construction: this only waits.
+                let _ = self.limiter.until_n_ready(cells).await;
             }
-            Duration::from_secs_f64(-s.0 / self.rate)
-        };
-        metrics::counter!("mpush_flow_control_waits_total").increment(1);
-        tokio::time::sleep(wait).await;
+            left -= slice as usize;
+        }
+        if waited {
+            metrics::counter!("mpush_flow_control_waits_total").increment(1);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn over_the_rate_work_waits() {
-        let l = RateLimiter::new(10);
+        let l = RateLimiter::new(1000);
         let t0 = Instant::now();
-        for _ in 0..30 {
+        // 1000 from the burst, then 500 more at 1000/s.
+        for _ in 0..1500 {
             l.acquire(1).await;
         }
-        // 10 from the burst, then 20 at 10/s.
         let took = t0.elapsed();
-        // In slices: one wait per slice, the same rate.
+        assert!(
+            took >= Duration::from_millis(450) && took <= Duration::from_millis(1500),
+            "{took:?}"
+        );
+        // In slices, and larger than the burst: the same rate.
         let t1 = Instant::now();
-        for _ in 0..4 {
-            l.acquire(5).await;
-        }
+        l.acquire(1500).await;
         let slices = t1.elapsed();
         assert!(
-            slices >= Duration::from_millis(1900) && slices <= Duration::from_millis(2100),
+            slices >= Duration::from_millis(1400) && slices <= Duration::from_millis(2500),
             "{slices:?}"
         );
-        assert!(took >= Duration::from_millis(1900) && took <= Duration::from_millis(2100));
     }
 }
