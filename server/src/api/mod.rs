@@ -72,6 +72,18 @@ pub fn router(state: ApiState) -> Router {
     }
     app.fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), same_site))
+        // A span per request (method, path, version) that every log line of
+        // the request carries; the response (status, latency) at DEBUG, and
+        // server errors at ERROR.
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(
+                    tower_http::trace::DefaultMakeSpan::new().level(tracing::Level::INFO),
+                )
+                .on_response(
+                    tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
+                ),
+        )
         .with_state(state)
 }
 

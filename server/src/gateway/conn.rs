@@ -76,7 +76,17 @@ pub async fn serve<T: Transport>(
         accepted: now,
         _slot: slot,
     };
-    d.run().await;
+    // A span per connection (DEBUG: an idle connection costs nothing for it
+    // unless debug logs are on) that its log lines carry: id, peer, and the
+    // device and user once known.
+    let span = tracing::debug_span!(
+        "conn",
+        id = conn_id,
+        %peer,
+        device = tracing::field::Empty,
+        user = tracing::field::Empty
+    );
+    tracing::Instrument::instrument(d.run(), span).await;
 }
 
 impl<T: Transport> Driver<T> {
@@ -407,6 +417,7 @@ impl<T: Transport> Driver<T> {
     }
 
     fn set_info(&mut self, device: DeviceInfo, profile: Profile) {
+        tracing::Span::current().record("device", device.device_id.as_str());
         self.info = Some(Arc::new(ConnInfo::new(
             self.conn_id,
             &device,
@@ -435,6 +446,7 @@ impl<T: Transport> Driver<T> {
             }
         };
         self.user = Some(user.clone());
+        tracing::Span::current().record("user", &*user);
         self.machine.handle_bind_result(request, &user_id, Ok(()));
         hub.lifecycle(Lifecycle::Bound, &user, &info, None);
         info!(conn = self.conn_id, user = %user_id, device = %info.device_id, "bound");
