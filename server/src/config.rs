@@ -422,6 +422,10 @@ pub struct Cluster {
     /// or `redis+cluster://n1:6379,n2:6379/`);
     /// empty: the embedded in-memory default.
     pub redis: String,
+    /// For `rediss://` (and `rediss+sentinel://`, `rediss+cluster://`) on a
+    /// private CA: the CA certificate (PEM) the Redis servers' certificates
+    /// chain to; empty: the webpki roots.
+    pub redis_ca_file: String,
     /// This node's id; empty: a random one at each start.
     pub node_id: String,
     /// Node-to-node port (mpush's gateway port); loopback by default.
@@ -450,6 +454,7 @@ impl Default for Cluster {
     fn default() -> Self {
         Self {
             redis: String::new(),
+            redis_ca_file: String::new(),
             node_id: String::new(),
             internal: "127.0.0.1:3001".into(),
             secret: String::new(),
@@ -613,10 +618,16 @@ impl Settings {
             if !crate::redis_conn::valid_url(&c.redis) {
                 return Err(invalid(
                     "cluster.redis",
-                    "must be redis://host:port/db, rediss://..., redis+sentinel://host:port,.../master or redis+cluster://host:port,.../",
+                    "must be redis[s]://[user:password@]host:port/db, redis[s]+sentinel://[user:password@]host:port,.../master or redis[s]+cluster://[user:password@]host:port,.../",
                 ));
             }
             internal = Some(addr("cluster.internal", &c.internal)?);
+            if !c.redis_ca_file.is_empty() && std::fs::metadata(&c.redis_ca_file).is_err() {
+                return Err(invalid(
+                    "cluster.redis_ca_file",
+                    format!("{} cannot be read", c.redis_ca_file),
+                ));
+            }
             if c.route_refresh_secs == 0 || c.route_refresh_secs >= c.route_ttl_secs {
                 return Err(invalid(
                     "cluster.route_refresh_secs",
@@ -773,7 +784,7 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
 }
 
 /// `scheme://user:password@host...` → `scheme://user:***@host...`.
-fn mask_url_password(url: &str) -> String {
+pub fn mask_url_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

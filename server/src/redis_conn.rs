@@ -137,11 +137,29 @@ struct Inner {
 struct Sentinel {
     hosts: Vec<String>,
     master_name: String,
+    /// `rediss+sentinel://`: the master (and the sentinels) over TLS.
+    tls: bool,
+    /// `user:password@` (or `:password@`) for the master.
+    auth: Option<String>,
+    ca_pem: Option<Vec<u8>>,
 }
 
-/// Parses `redis+sentinel://h1:p1,h2:p2/<master name>`.
+/// Splits `[user:password@]rest` (the credentials of a multi-host URL).
+fn split_auth(rest: &str) -> (Option<String>, &str) {
+    match rest.split_once('@') {
+        Some((auth, hosts)) if !auth.contains('/') => (Some(auth.to_owned()), hosts),
+        _ => (None, rest),
+    }
+}
+
+/// Parses `redis+sentinel://[user:password@]h1:p1,h2:p2/<master name>`
+/// (`rediss+sentinel://` for TLS).
 fn parse_sentinel(url: &str) -> Option<Sentinel> {
-    let rest = url.strip_prefix("redis+sentinel://")?;
+    let (tls, rest) = match url.strip_prefix("rediss+sentinel://") {
+        Some(r) => (true, r),
+        None => (false, url.strip_prefix("redis+sentinel://")?),
+    };
+    let (auth, rest) = split_auth(rest);
     let (hosts, name) = rest.split_once('/')?;
     let hosts: Vec<String> = hosts
         .split(',')
@@ -150,18 +168,30 @@ fn parse_sentinel(url: &str) -> Option<Sentinel> {
         .map(str::to_owned)
         .collect();
     let master_name = name.trim_matches('/').to_owned();
-    (!hosts.is_empty() && !master_name.is_empty()).then_some(Sentinel { hosts, master_name })
+    (!hosts.is_empty() && !master_name.is_empty()).then_some(Sentinel {
+        hosts,
+        master_name,
+        tls,
+        auth,
+        ca_pem: None,
+    })
 }
 
-/// Parses `redis+cluster://n1:p1,n2:p2/` into node URLs.
+/// Parses `redis+cluster://[user:password@]n1:p1,n2:p2/` into node URLs
+/// (`rediss+cluster://` for TLS), each carrying the credentials.
 fn parse_cluster(url: &str) -> Option<Vec<String>> {
-    let rest = url.strip_prefix("redis+cluster://")?;
+    let (scheme, rest) = match url.strip_prefix("rediss+cluster://") {
+        Some(r) => ("rediss", r),
+        None => ("redis", url.strip_prefix("redis+cluster://")?),
+    };
+    let (auth, rest) = split_auth(rest);
+    let at = auth.map(|a| format!("{a}@")).unwrap_or_default();
     let hosts: Vec<String> = rest
         .trim_end_matches('/')
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{h}/"))
+        .map(|h| format!("{scheme}://{at}{h}/"))
         .collect();
     (!hosts.is_empty()).then_some(hosts)
 }
@@ -174,24 +204,58 @@ pub fn valid_url(url: &str) -> bool {
         || parse_cluster(url).is_some()
 }
 
+/// A client for one server: `rediss://` URLs trust `ca_pem` when given
+/// (a private CA), else the webpki roots.
+fn open_client(url: &str, ca_pem: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    match ca_pem {
+        Some(ca) if url.starts_with("rediss://") => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.to_vec()),
+            },
+        ),
+        _ => redis::Client::open(url),
+    }
+}
+
 impl RedisHandle {
-    pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Self> {
+    /// `ca_pem`: the CA that signs the Redis servers' certificates, for
+    /// `rediss` URLs on a private CA (`cluster.redis_ca_file`).
+    pub async fn connect(
+        url: &str,
+        timeout: Duration,
+        ca_pem: Option<Vec<u8>>,
+    ) -> anyhow::Result<Self> {
+        // rustls needs one process-wide provider when more than one is built in.
+        let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2));
         if let Some(nodes) = parse_cluster(url) {
-            let client = redis::cluster::ClusterClient::builder(nodes.clone())
+            let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
                 .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .build()?;
+                .response_timeout(timeout);
+            if let Some(ca) = &ca_pem {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                });
+            }
+            let client = builder.build()?;
             let conn = tokio::time::timeout(timeout * 3, client.get_async_connection())
                 .await
-                .map_err(|_| anyhow::anyhow!("redis cluster at {url} did not answer"))??;
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "redis cluster at {} did not answer",
+                        crate::config::mask_url_password(url)
+                    )
+                })??;
             // Pub/sub messages are broadcast to every node of a Redis Cluster,
             // so one node's plain client carries them.
-            let pubsub = redis::Client::open(nodes[0].as_str())?;
+            let pubsub = open_client(&nodes[0], ca_pem.as_deref())?;
             return Ok(Self(Arc::new(Inner {
                 manager: RwLock::new(RedisConn::Cluster(conn)),
                 client: RwLock::new(pubsub),
@@ -202,20 +266,32 @@ impl RedisHandle {
                 timeout,
             })));
         }
-        let sentinel = parse_sentinel(url);
+        let sentinel = parse_sentinel(url).map(|mut s| {
+            s.ca_pem = ca_pem.clone();
+            s
+        });
         let target = match &sentinel {
             Some(s) => resolve_master(s, timeout).await.ok_or_else(|| {
-                anyhow::anyhow!("no sentinel of {url} knows master `{}`", s.master_name)
+                anyhow::anyhow!(
+                    "no sentinel of {} knows master `{}`",
+                    crate::config::mask_url_password(url),
+                    s.master_name
+                )
             })?,
             None => url.to_owned(),
         };
-        let client = redis::Client::open(target.as_str())?;
+        let client = open_client(&target, ca_pem.as_deref())?;
         let manager = tokio::time::timeout(
             timeout * 3,
             client.get_connection_manager_with_config(config.clone()),
         )
         .await
-        .map_err(|_| anyhow::anyhow!("redis at {target} did not answer"))??;
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "redis at {} did not answer",
+                crate::config::mask_url_password(&target)
+            )
+        })??;
         Ok(Self(Arc::new(Inner {
             manager: RwLock::new(RedisConn::Single(manager)),
             client: RwLock::new(client),
@@ -263,7 +339,7 @@ impl RedisHandle {
                 if *inner.master.lock() == master {
                     continue;
                 }
-                let Ok(client) = redis::Client::open(master.as_str()) else {
+                let Ok(client) = open_client(&master, s.ca_pem.as_deref()) else {
                     continue;
                 };
                 match tokio::time::timeout(
@@ -273,12 +349,16 @@ impl RedisHandle {
                 .await
                 {
                     Ok(Ok(m)) => {
-                        info!(%master, "redis master moved (sentinel); following it");
+                        let shown = crate::config::mask_url_password(&master);
+                        info!(master = %shown, "redis master moved (sentinel); following it");
                         *inner.manager.write() = RedisConn::Single(m);
                         *inner.client.write() = client;
                         *inner.master.lock() = master;
                     }
-                    _ => warn!(%master, "new redis master not reachable yet"),
+                    _ => warn!(
+                        master = %crate::config::mask_url_password(&master),
+                        "new redis master not reachable yet"
+                    ),
                 }
             }
         });
@@ -286,8 +366,9 @@ impl RedisHandle {
 }
 
 async fn resolve_master(s: &Sentinel, timeout: Duration) -> Option<String> {
+    let scheme = if s.tls { "rediss" } else { "redis" };
     for host in &s.hosts {
-        let Ok(client) = redis::Client::open(format!("redis://{host}/")) else {
+        let Ok(client) = open_client(&format!("{scheme}://{host}/"), s.ca_pem.as_deref()) else {
             continue;
         };
         let Ok(Ok(mut c)) =
@@ -306,7 +387,8 @@ async fn resolve_master(s: &Sentinel, timeout: Duration) -> Option<String> {
         if let Ok(Ok(Some(addr))) = reply
             && let [h, p] = addr.as_slice()
         {
-            return Some(format!("redis://{h}:{p}/"));
+            let at = s.auth.as_ref().map(|a| format!("{a}@")).unwrap_or_default();
+            return Some(format!("{scheme}://{at}{h}:{p}/"));
         }
     }
     None
@@ -330,5 +412,24 @@ mod tests {
             parse_cluster("redis+cluster://a:1,b:2/"),
             Some(vec!["redis://a:1/".to_owned(), "redis://b:2/".to_owned()])
         );
+    }
+
+    #[test]
+    fn credentials_and_tls_in_multi_host_urls() {
+        let s = parse_sentinel("rediss+sentinel://app:s3cret@a:26379,b:26380/mymaster")
+            .expect("parses");
+        assert!(s.tls);
+        assert_eq!(s.auth.as_deref(), Some("app:s3cret"));
+        assert_eq!(s.hosts, ["a:26379", "b:26380"]);
+        assert_eq!(
+            parse_cluster("rediss+cluster://:pw@a:1,b:2/"),
+            Some(vec![
+                "rediss://:pw@a:1/".to_owned(),
+                "rediss://:pw@b:2/".to_owned()
+            ])
+        );
+        assert!(valid_url("rediss+cluster://a:1/") && valid_url("rediss+sentinel://a:1/m"));
+        assert_eq!(command_name(&redis::cmd("hgetall")), "HGETALL");
+        assert_eq!(command_name(&redis::cmd("FLUSHALL")), "OTHER");
     }
 }

@@ -981,3 +981,80 @@ async fn unacked_messages_on_a_killed_node_reach_the_user_on_the_next_node_once(
     assert_eq!(seen, 1, "delivered to the app exactly once");
     a.shutdown().await;
 }
+
+/// Cluster mode on a Redis that speaks only TLS and wants a password: the
+/// routes, the cross-node push and the broadcast's pub/sub all go over
+/// `rediss://` with the test's own CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_on_a_tls_redis_with_a_password() {
+    let dir = std::env::temp_dir().join(format!("mpush-rediss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let c = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("a certificate");
+    let (cert, key) = (dir.join("redis.crt"), dir.join("redis.key"));
+    std::fs::write(&cert, c.cert.pem()).expect("write");
+    std::fs::write(&key, c.signing_key.serialize_pem()).expect("write");
+    let port = free_port();
+    let (cert_s, key_s) = (
+        cert.to_string_lossy().into_owned(),
+        key.to_string_lossy().into_owned(),
+    );
+    let _redis = Redis::start_with(
+        port,
+        &[
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &cert_s,
+            "--tls-key-file",
+            &key_s,
+            "--tls-ca-cert-file",
+            &cert_s,
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "redis-pass-0123",
+        ],
+    )
+    .await;
+    let url = format!("rediss://:redis-pass-0123@127.0.0.1:{port}/");
+    let node = |id: &str| {
+        let mut s = node_settings(&url, id);
+        s.cluster.redis_ca_file = cert_s.clone();
+        s
+    };
+    // Without the CA (webpki roots only) the node does not trust this Redis.
+    assert!(
+        mpush_server::start(node_settings(&url, "X").validate().expect("valid"))
+            .await
+            .is_err(),
+        "an untrusted certificate is refused"
+    );
+    let a = start(node("A")).await;
+    let b = start(node("B")).await;
+    let api = Api::new(&a);
+    wait_for_nodes(&api, 2).await;
+    let mut on_b = bound(&b, Via::Tcp, true, device("tls-b", "android"), "rita", "").await;
+    let (st, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "rita", "content": "via rediss", "ackMode": "auto"}),
+        )
+        .await;
+    assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
+    on_b.message("via rediss").await;
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "all over tls", "ackMode": "none"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    on_b.message("all over tls").await;
+    assert_eq!(api.get("/readyz").await.0, 200);
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -145,7 +145,15 @@ pub struct Cluster {
 impl Cluster {
     pub async fn connect(cfg: Arc<Validated>) -> anyhow::Result<Arc<Self>> {
         let c = &cfg.settings.cluster;
-        let redis = RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms)).await?;
+        let ca =
+            if c.redis_ca_file.is_empty() {
+                None
+            } else {
+                Some(std::fs::read(&c.redis_ca_file).map_err(|e| {
+                    anyhow::anyhow!("cluster.redis_ca_file {}: {e}", c.redis_ca_file)
+                })?)
+            };
+        let redis = RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms), ca).await?;
         redis.spawn_follow();
         let node_id = if c.node_id.is_empty() {
             crate::clock::random_hex(6)
