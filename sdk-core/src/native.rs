@@ -345,11 +345,16 @@ impl Conn {
     }
 }
 
-async fn fetch_servers(url: &str) -> Result<Vec<String>, String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .map_err(|e| e.to_string())?;
+/// The allocator's list, over the same trust store as the connections.
+async fn fetch_servers(
+    url: &str,
+    tls: Option<&Arc<tokio_rustls::rustls::ClientConfig>>,
+) -> Result<Vec<String>, String> {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(3));
+    if let Some(t) = tls {
+        builder = builder.use_preconfigured_tls((**t).clone());
+    }
+    let client = builder.build().map_err(|e| e.to_string())?;
     let text = client
         .get(url)
         .send()
@@ -445,7 +450,11 @@ async fn run(
                     }
                 }
                 Action::FetchServers { url } => {
-                    let r = fetch_servers(&url).await;
+                    let r = match &tls {
+                        Ok(t) => fetch_servers(&url, Some(t)).await,
+                        Err(e) if url.starts_with("https://") => Err(e.clone()),
+                        Err(_) => fetch_servers(&url, None).await,
+                    };
                     session.handle_servers(r, Instant::now());
                 }
             }

@@ -120,6 +120,42 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
     https_push(&http, &base, "walt", "over wss").await;
     message(&mut over_tcp, "over tls").await;
     message(&mut over_ws, "over wss").await;
+    // The allocator hands out the TLS addresses, and a client that knows
+    // only the allocator (over HTTPS, with the same pinned certificate)
+    // connects through it.
+    let listed = http.get(format!("{base}/")).send().await.expect("alloc");
+    assert_eq!(
+        listed.text().await.expect("text"),
+        format!("tls://127.0.0.1:{}", server.tcp.port())
+    );
+    let listed = http
+        .get(format!("{base}/?transport=ws"))
+        .send()
+        .await
+        .expect("alloc");
+    assert_eq!(
+        listed.text().await.expect("text"),
+        format!("wss://127.0.0.1:{}/", server.ws.expect("ws").port())
+    );
+    let mut via_alloc = {
+        let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+        let mut cfg = SessionConfig::new(Vec::new(), key, device("alloc-1", "android"));
+        cfg.allocator_url = Some(format!("{base}/"));
+        cfg.tls_pinned_cert_pem = Some(cert.clone());
+        Client::connect(ClientOptions {
+            session: cfg,
+            ticket_store: None,
+        })
+    };
+    let connected = next(&mut via_alloc, "connected through the allocator", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await;
+    assert!(
+        matches!(&connected, SessionEvent::Connected { address, .. } if address.starts_with("tls://")),
+        "{connected:?}"
+    );
+    drop(via_alloc);
     // Up-pushes ride the same TLS connection (no sink here: a clear refusal).
     let e = over_tcp
         .push(b"up", AckMode::Auto)

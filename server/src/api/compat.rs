@@ -220,7 +220,12 @@ pub async fn alloc_servers(
     let addr = if ws {
         ws_url(&s, &headers).unwrap_or_default()
     } else if net.public_address.is_empty() {
-        s.hub.listeners().tcp.to_string()
+        let tcp = s.hub.listeners().tcp;
+        if s.hub.cfg().settings.tls.on("tcp") {
+            format!("tls://{tcp}")
+        } else {
+            tcp.to_string()
+        }
     } else {
         net.public_address.clone()
     };
@@ -236,8 +241,13 @@ fn ws_url(s: &ApiState, headers: &HeaderMap) -> Option<String> {
         return Some(net.public_ws_url.clone());
     }
     let bound = s.hub.listeners().ws?;
+    let scheme = if s.hub.cfg().settings.tls.on("ws") {
+        "wss"
+    } else {
+        "ws"
+    };
     if !bound.ip().is_unspecified() {
-        return Some(format!("ws://{bound}/"));
+        return Some(format!("{scheme}://{bound}/"));
     }
     let asked = headers
         .get(header::HOST)
@@ -245,7 +255,7 @@ fn ws_url(s: &ApiState, headers: &HeaderMap) -> Option<String> {
         .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
         .map(|a| a.host().to_owned())
         .unwrap_or_else(|| "127.0.0.1".to_owned());
-    Some(format!("ws://{asked}:{}/", bound.port()))
+    Some(format!("{scheme}://{asked}:{}/", bound.port()))
 }
 
 static ALLOC_MSG: AtomicU64 = AtomicU64::new(1);

@@ -193,10 +193,21 @@ impl Cluster {
             };
             format!("{host}:{}", a.port())
         };
+        // What clients are handed (allocator, drain redirects): with TLS on
+        // a gateway, its address says so.
+        let tls = &self.cfg.settings.tls;
+        let tcp_addr = if tls.on("tcp") {
+            format!("tls://{}", host(tcp))
+        } else {
+            host(tcp)
+        };
+        let ws_scheme = if tls.on("ws") { "wss" } else { "ws" };
         *self.me.lock() = Some(NodeInfo {
             id: self.node_id.clone(),
-            tcp: host(tcp),
-            ws: ws.map(|w| format!("ws://{}/", host(w))).unwrap_or_default(),
+            tcp: tcp_addr,
+            ws: ws
+                .map(|w| format!("{ws_scheme}://{}/", host(w)))
+                .unwrap_or_default(),
             http: host(http),
             internal: host(internal),
             load: 0,
