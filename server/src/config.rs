@@ -41,6 +41,11 @@ pub struct Net {
     /// A folder served read-only at `/demo/` (the demo page, `demo-web/`),
     /// when it exists; empty disables it.
     pub demo_dir: String,
+    /// Reverse proxies (IPs or CIDRs, e.g. `10.0.0.0/8`) whose
+    /// `X-Forwarded-For` and `X-Forwarded-Proto` are believed: behind them,
+    /// the API and the WebSocket gateway see the client's address (for the
+    /// loopback-only API, per-IP limits and logs) and the original scheme.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for Net {
@@ -55,6 +60,7 @@ impl Default for Net {
             public_address: String::new(),
             public_ws_url: String::new(),
             demo_dir: "demo-web".into(),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -499,6 +505,77 @@ pub struct Validated {
     pub bind_auth: Arc<crate::auth::BindAuth>,
     /// The certificate, when TLS is on.
     pub tls: Option<Arc<crate::tls::Tls>>,
+    /// `net.trusted_proxies`, parsed.
+    pub proxies: Arc<TrustedProxies>,
+}
+
+/// The reverse proxies whose forwarding headers are believed.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies(Vec<ipnet::IpNet>);
+
+/// What a request or an upgrade came through: the client's address and
+/// whether the client's own connection was TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forwarded {
+    pub client: std::net::IpAddr,
+    /// `X-Forwarded-Proto: https | wss` from a trusted proxy.
+    pub secure: bool,
+}
+
+impl TrustedProxies {
+    pub fn parse(list: &[String]) -> Result<Self, String> {
+        list.iter()
+            .map(|p| {
+                p.parse::<ipnet::IpNet>()
+                    .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| format!("`{p}` is not an IP address or CIDR"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The client behind `peer`: when `peer` is a trusted proxy, the
+    /// rightmost address of `X-Forwarded-For` that is not a trusted proxy
+    /// itself (what a client puts further left cannot be believed), and the
+    /// proxy's `X-Forwarded-Proto`. Otherwise `peer` itself.
+    pub fn resolve(
+        &self,
+        peer: std::net::IpAddr,
+        forwarded_for: Option<&str>,
+        proto: Option<&str>,
+    ) -> Forwarded {
+        if !self.trusts(peer) {
+            return Forwarded {
+                client: peer,
+                secure: false,
+            };
+        }
+        let mut client = peer;
+        if let Some(xff) = forwarded_for {
+            for hop in xff.rsplit(',').map(str::trim) {
+                let Ok(ip) = hop.parse::<std::net::IpAddr>() else {
+                    break;
+                };
+                client = ip;
+                if !self.trusts(ip) {
+                    break;
+                }
+            }
+        }
+        let secure = proto.is_some_and(|p| {
+            let p = p.split(',').next().unwrap_or("").trim();
+            p.eq_ignore_ascii_case("https") || p.eq_ignore_ascii_case("wss")
+        });
+        Forwarded { client, secure }
+    }
 }
 
 impl Settings {
@@ -743,6 +820,10 @@ impl Settings {
             ));
         }
         let tls = validate_tls(&self.tls)?;
+        let proxies = Arc::new(
+            TrustedProxies::parse(&self.net.trusted_proxies)
+                .map_err(|e| invalid("net.trusted_proxies", e))?,
+        );
         Ok(Validated {
             settings: self,
             tcp,
@@ -752,6 +833,7 @@ impl Settings {
             default_key,
             bind_auth: Arc::new(bind_auth),
             tls,
+            proxies,
         })
     }
 }
@@ -933,6 +1015,26 @@ mod tests {
         let mut s = Settings::default();
         s.limits.min_heartbeat_ms = 10;
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn forwarded_headers_are_believed_from_trusted_proxies_only() {
+        let t = TrustedProxies::parse(&["10.0.0.0/8".into(), "127.0.0.1".into()]).expect("parses");
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+        // A stranger's headers are ignored.
+        let f = t.resolve(ip("203.0.113.9"), Some("1.2.3.4"), Some("https"));
+        assert_eq!((f.client, f.secure), (ip("203.0.113.9"), false));
+        // Through a trusted proxy: the rightmost untrusted hop; what the
+        // client wrote further left is not believed.
+        let f = t.resolve(
+            ip("10.1.2.3"),
+            Some("6.6.6.6, 198.51.100.7, 10.9.9.9"),
+            Some("https"),
+        );
+        assert_eq!((f.client, f.secure), (ip("198.51.100.7"), true));
+        let f = t.resolve(ip("127.0.0.1"), None, Some("http"));
+        assert_eq!((f.client, f.secure), (ip("127.0.0.1"), false));
+        assert!(TrustedProxies::parse(&["nonsense".into()]).is_err());
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         app,
         limits,
         tls_for("http"),
+        cfg.proxies.clone(),
         http_stopped,
     )));
     Ok(Running {

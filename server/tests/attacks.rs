@@ -479,3 +479,72 @@ async fn rsa_handshakes_per_address_stay_within_their_budget() {
     assert_eq!((connected, closed), (3, 5), "a burst of 3, the rest closed");
     server.shutdown().await;
 }
+
+/// Behind a trusted proxy, the client's own address counts: the token-less
+/// API answers loopback clients only (a remote client through a local proxy
+/// is refused), and per-IP limits apply per forwarded client; from anyone
+/// else, forwarding headers are ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_addresses_are_believed_from_trusted_proxies_only() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let mut s = settings();
+    s.net.trusted_proxies = vec!["127.0.0.1".into()];
+    s.limits.max_connections_per_ip = 1;
+    let server = start(s).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/api/v1/users/nobody", server.http);
+    let status = |h: Option<&'static str>| {
+        let mut r = http.get(&url);
+        if let Some(xff) = h {
+            r = r.header("x-forwarded-for", xff);
+        }
+        async move { r.send().await.expect("answers").status().as_u16() }
+    };
+    assert_eq!(
+        status(None).await,
+        200,
+        "a loopback client: the API answers"
+    );
+    assert_eq!(
+        status(Some("203.0.113.5")).await,
+        401,
+        "a remote client through the local proxy: no token, no answer"
+    );
+    // Per-IP limits per forwarded client on the WebSocket gateway.
+    let ws = server.ws.expect("ws");
+    let open = |xff: &'static str| async move {
+        let mut req = format!("ws://{ws}/")
+            .into_client_request()
+            .expect("request");
+        req.headers_mut()
+            .insert("x-forwarded-for", xff.parse().expect("header"));
+        let (mut c, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .expect("upgrade");
+        // Refused after the upgrade: the server closes at once.
+        let r = tokio::time::timeout(Duration::from_millis(500), c.next()).await;
+        (c, r.is_err())
+    };
+    let (_a, a_open) = open("198.51.100.1").await;
+    let (_b, b_open) = open("198.51.100.2").await;
+    let (_c, c_open) = open("198.51.100.1").await;
+    assert!(a_open && b_open, "one connection each for two clients");
+    assert!(
+        !c_open,
+        "a second connection from the same client is refused"
+    );
+    server.shutdown().await;
+
+    // Not a trusted proxy: the header is ignored (a loopback caller).
+    let server = start(settings()).await;
+    let url = format!("http://{}/api/v1/users/nobody", server.http);
+    let r = http
+        .get(&url)
+        .header("x-forwarded-for", "203.0.113.5")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(r.status().as_u16(), 200);
+    server.shutdown().await;
+}

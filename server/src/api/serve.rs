@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
+
+use crate::config::TrustedProxies;
 use tower::ServiceExt as _;
 
 /// Limits of the HTTP listener.
@@ -34,6 +36,7 @@ pub async fn serve(
     app: Router,
     limits: HttpLimits,
     tls: Option<TlsAcceptor>,
+    proxies: Arc<TrustedProxies>,
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -57,16 +60,17 @@ pub async fn serve(
         let app = app.clone();
         let stop = stop.clone();
         let tls = tls.clone();
+        let proxies = proxies.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _ = stream.set_nodelay(true);
             match tls {
-                None => connection(stream, peer, app, limits, stop).await,
+                None => connection(stream, peer, app, limits, proxies, stop).await,
                 // The TLS handshake within the header deadline (slowloris).
                 Some(acceptor) => {
                     match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await
                     {
-                        Ok(Ok(s)) => connection(s, peer, app, limits, stop).await,
+                        Ok(Ok(s)) => connection(s, peer, app, limits, proxies, stop).await,
                         _ => {
                             metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
                         }
@@ -82,6 +86,7 @@ async fn connection<S>(
     peer: SocketAddr,
     app: Router,
     limits: HttpLimits,
+    proxies: Arc<TrustedProxies>,
     mut stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -94,7 +99,21 @@ async fn connection<S>(
         started,
     });
     let svc = app.map_request(move |mut req: axum::extract::Request<_>| {
-        req.extensions_mut().insert(ConnectInfo(peer));
+        // The client's address: the peer, or (from a trusted proxy) the one
+        // it forwarded for; `Forwarded` also says if the client used TLS.
+        let header = |k: &str| req.headers().get(k).and_then(|v| v.to_str().ok());
+        let f = proxies.resolve(
+            peer.ip(),
+            header("x-forwarded-for"),
+            header("x-forwarded-proto"),
+        );
+        let client = if f.client == peer.ip() {
+            peer
+        } else {
+            SocketAddr::new(f.client, 0)
+        };
+        req.extensions_mut().insert(ConnectInfo(client));
+        req.extensions_mut().insert(f);
         req
     });
     let conn = hyper::server::conn::http1::Builder::new()

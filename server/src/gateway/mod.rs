@@ -30,6 +30,8 @@ pub struct Gateway {
     per_ip: Arc<PerIp>,
     /// Handshake RSA work, off the async workers.
     rsa: RsaPool,
+    /// New connections per second per client address.
+    rate: IpRateLimit,
 }
 
 impl Gateway {
@@ -43,6 +45,7 @@ impl Gateway {
             n => n,
         };
         Arc::new(Self {
+            rate: IpRateLimit::new(l.handshakes_per_ip),
             per_ip: PerIp::new(l.max_connections_per_ip),
             rsa: RsaPool::new(hub.cfg().private_key.clone(), workers, l.rsa_queue),
             hub,
@@ -68,7 +71,6 @@ pub async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let hub = gw.hub.clone();
-    let limit = IpRateLimit::new(hub.cfg().settings.limits.handshakes_per_ip);
     let max = hub.cfg().settings.limits.max_connections;
     let mut last_warn: Option<Instant> = None;
     loop {
@@ -95,21 +97,24 @@ pub async fn accept_loop(
             drop(stream);
             continue;
         }
-        let Some(slot) = gw.per_ip.acquire(peer.ip()) else {
-            metrics::counter!("mpush_connections_refused_total", "reason" => "per_ip").increment(1);
-            drop(stream);
-            continue;
+        // Behind a trusted proxy, a WebSocket client's own address is known
+        // only from the upgrade's headers: its per-IP checks happen there.
+        let behind_proxy = matches!(kind, Kind::Ws) && hub.cfg().proxies.trusts(peer.ip());
+        let slot = if behind_proxy {
+            None
+        } else {
+            let Some(slot) = admit(&gw, peer.ip()) else {
+                drop(stream);
+                continue;
+            };
+            Some(slot)
         };
-        if !limit.allow(peer.ip()) {
-            metrics::counter!("mpush_connections_refused_total", "reason" => "rate").increment(1);
-            drop(stream);
-            continue;
-        }
         let conn_id = hub.opened();
         tune(&stream, hub.cfg().settings.limits.tcp_keepalive_secs);
         let gw = gw.clone();
         match (kind, tls.clone()) {
             (Kind::Tcp, None) => {
+                let Some(slot) = slot else { continue };
                 tokio::spawn(conn::serve(Tcp(stream), gw, conn_id, peer, slot));
             }
             (Kind::Ws, None) => {
@@ -123,6 +128,19 @@ pub async fn accept_loop(
 }
 
 /// The TLS handshake (within the handshake deadline), then the connection.
+/// The per-address checks: open connections, then the connection rate.
+fn admit(gw: &Gateway, ip: std::net::IpAddr) -> Option<IpSlot> {
+    let Some(slot) = gw.per_ip.acquire(ip) else {
+        metrics::counter!("mpush_connections_refused_total", "reason" => "per_ip").increment(1);
+        return None;
+    };
+    if !gw.rate.allow(ip) {
+        metrics::counter!("mpush_connections_refused_total", "reason" => "rate").increment(1);
+        return None;
+    }
+    Some(slot)
+}
+
 async fn tls_then(
     acceptor: TlsAcceptor,
     kind: Kind,
@@ -130,7 +148,7 @@ async fn tls_then(
     gw: Arc<Gateway>,
     conn_id: u64,
     peer: SocketAddr,
-    slot: IpSlot,
+    slot: Option<IpSlot>,
 ) {
     let limit = Duration::from_millis(gw.hub.cfg().settings.limits.handshake_timeout_ms);
     let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
@@ -147,9 +165,12 @@ async fn tls_then(
             return;
         }
     };
-    match kind {
-        Kind::Tcp => conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot).await,
-        Kind::Ws => upgrade(tls, gw, conn_id, peer, slot).await,
+    match (kind, slot) {
+        (Kind::Tcp, Some(slot)) => {
+            conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot).await;
+        }
+        (Kind::Tcp, None) => gw.hub.closed_conn(),
+        (Kind::Ws, slot) => upgrade(tls, gw, conn_id, peer, slot).await,
     }
 }
 
@@ -166,8 +187,15 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
     }
 }
 
-async fn upgrade<S>(stream: S, gw: Arc<Gateway>, conn_id: u64, peer: SocketAddr, slot: IpSlot)
-where
+// tungstenite's upgrade callback returns its own (large) error response type.
+#[allow(clippy::result_large_err)]
+async fn upgrade<S>(
+    stream: S,
+    gw: Arc<Gateway>,
+    conn_id: u64,
+    peer: SocketAddr,
+    slot: Option<IpSlot>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let l = &gw.hub.cfg().settings.limits;
@@ -176,9 +204,40 @@ where
         .write_buffer_size(0)
         .max_message_size(Some(l.max_packet_size + 64))
         .max_frame_size(Some(l.max_packet_size + 64));
-    let handshake = tokio_tungstenite::accept_async_with_config(stream, Some(config));
+    // The upgrade's forwarding headers (believed from trusted proxies only).
+    let seen: Arc<parking_lot::Mutex<(Option<String>, Option<String>)>> = Arc::default();
+    let keep = seen.clone();
+    let callback = move |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
+        let h = |k: &str| {
+            req.headers()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        *keep.lock() = (h("x-forwarded-for"), h("x-forwarded-proto"));
+        Ok(resp)
+    };
+    let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config));
     match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-        Ok(Ok(ws)) => conn::serve(Ws(ws), gw, conn_id, peer, slot).await,
+        Ok(Ok(ws)) => {
+            let (peer, slot) = match slot {
+                Some(s) => (peer, s),
+                None => {
+                    let (xff, proto) = seen.lock().clone();
+                    let f =
+                        gw.hub
+                            .cfg()
+                            .proxies
+                            .resolve(peer.ip(), xff.as_deref(), proto.as_deref());
+                    let Some(s) = admit(&gw, f.client) else {
+                        gw.hub.closed_conn();
+                        return;
+                    };
+                    (SocketAddr::new(f.client, 0), s)
+                }
+            };
+            conn::serve(Ws(ws), gw, conn_id, peer, slot).await
+        }
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "websocket upgrade failed");
             gw.hub.closed_conn();
