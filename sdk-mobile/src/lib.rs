@@ -129,6 +129,11 @@ pub struct PushConfig {
     pub dedup_capacity: u32,
     #[uniffi(default = 256)]
     pub outbound_capacity: u32,
+    /// For `tls://` and `wss://` servers (and an `https://` allocator): trust
+    /// only this PEM certificate (a private deployment); default: the webpki
+    /// roots.
+    #[uniffi(default = None)]
+    pub tls_pinned_cert_pem: Option<String>,
 }
 
 /// A message for the app.
@@ -339,6 +344,7 @@ fn session_config(c: &PushConfig) -> Result<SessionConfig, PushError> {
     };
     s.dedup_capacity = c.dedup_capacity.max(1) as usize;
     s.outbound_capacity = c.outbound_capacity.max(1) as usize;
+    s.tls_pinned_cert_pem = c.tls_pinned_cert_pem.clone();
     Ok(s)
 }
 

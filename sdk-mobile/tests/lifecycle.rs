@@ -35,6 +35,7 @@ fn config(server: String) -> PushConfig {
         backoff_max_ms: 50,
         dedup_capacity: 16,
         outbound_capacity: 2,
+        tls_pinned_cert_pem: None,
     }
 }
 

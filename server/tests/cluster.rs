@@ -245,6 +245,15 @@ async fn redis_restart_keeps_local_delivery_and_cross_node_delivery_comes_back()
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     on_b.message("after").await;
+    // And ready again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while api_a.get("/readyz").await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for node in n {
         node.shutdown().await;
     }
