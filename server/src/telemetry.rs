@@ -38,6 +38,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Connections bound to a user on this node, updated every second",
     ),
     (
+        "mpush_trace_queue_depth",
+        Gauge,
+        Unit::Count,
+        "Trace events waiting for the trace writer, updated every second",
+    ),
+    (
+        "mpush_inbox_messages",
+        Gauge,
+        Unit::Count,
+        "Offline messages held in the embedded store (not reported on Redis), updated every second",
+    ),
+    (
         "mpush_connections_total",
         Counter,
         Unit::Count,

@@ -242,6 +242,10 @@ impl Hub {
     pub fn update_gauges(&self) {
         metrics::gauge!("mpush_connections").set(self.connections() as f64);
         metrics::gauge!("mpush_bound_connections").set(self.bound() as f64);
+        metrics::gauge!("mpush_trace_queue_depth").set(self.tracer.queued() as f64);
+        if let Some(n) = self.inbox.total_hint() {
+            metrics::gauge!("mpush_inbox_messages").set(n as f64);
+        }
         for (sink, n) in self.sinks.depths() {
             metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
         }

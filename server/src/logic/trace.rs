@@ -94,6 +94,11 @@ impl Tracer {
         }
     }
 
+    /// Events waiting for the writer.
+    pub fn queued(&self) -> usize {
+        QUEUE - self.tx.capacity()
+    }
+
     /// The delivery callbacks this node watches.
     pub fn callbacks(&self) -> &Arc<Callbacks> {
         &self.callbacks

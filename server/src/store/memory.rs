@@ -483,6 +483,8 @@ impl TraceStore for MemoryTraces {
 pub struct MemoryInbox {
     max: usize,
     map: Mutex<HashMap<String, VecDeque<StoredMessage>>>,
+    /// Messages held in all, kept with every change (for the gauge).
+    total: std::sync::atomic::AtomicUsize,
 }
 
 impl MemoryInbox {
@@ -490,6 +492,14 @@ impl MemoryInbox {
         Self {
             max,
             map: Mutex::new(HashMap::new()),
+            total: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn dropped(&self, n: usize) {
+        if n > 0 {
+            self.total
+                .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -500,7 +510,9 @@ impl InboxStore for MemoryInbox {
         let now = unix_ms();
         let mut map = self.map.lock();
         let q = map.entry(user_id.to_owned()).or_default();
+        let before = q.len();
         q.retain(|m| m.expires_at_ms > now);
+        self.dropped(before - q.len());
         if q.iter().any(|m| m.message_id == message.message_id) {
             return Ok(());
         }
@@ -508,6 +520,8 @@ impl InboxStore for MemoryInbox {
             return Err(InboxError::Full(user_id.to_owned()));
         }
         q.push_back(message);
+        self.total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -516,7 +530,9 @@ impl InboxStore for MemoryInbox {
         let Some(q) = map.get_mut(user_id) else {
             return Ok(Vec::new());
         };
+        let before = q.len();
         q.retain(|m| m.expires_at_ms > now_ms);
+        self.dropped(before - q.len());
         let out: Vec<StoredMessage> = q.iter().cloned().collect();
         if q.is_empty() {
             map.remove(user_id);
@@ -531,6 +547,7 @@ impl InboxStore for MemoryInbox {
         };
         let before = q.len();
         q.retain(|m| m.message_id != message_id);
+        self.dropped(before - q.len());
         let removed = q.len() != before;
         if q.is_empty() {
             map.remove(user_id);
@@ -541,10 +558,44 @@ impl InboxStore for MemoryInbox {
     async fn len(&self, user_id: &str) -> Result<usize, StoreError> {
         Ok(self.map.lock().get(user_id).map_or(0, VecDeque::len))
     }
+
+    fn total_hint(&self) -> Option<usize> {
+        Some(self.total.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn the_inbox_total_follows_every_change() {
+        let inbox = MemoryInbox::new(10);
+        let msg = |id: u64, expires_at_ms: i64| StoredMessage {
+            message_id: id,
+            trace_id: "t".into(),
+            content: bytes::Bytes::from_static(b"x"),
+            ack_mode: mpush_protocol::session::AckMode::Auto,
+            client_type: None,
+            expires_at_ms,
+        };
+        let later = unix_ms() + 60_000;
+        inbox.push("u1", msg(1, later)).await.expect("room");
+        inbox
+            .push("u1", msg(1, later))
+            .await
+            .expect("a repeat is not added");
+        inbox
+            .push("u1", msg(2, unix_ms() + 50))
+            .await
+            .expect("room");
+        inbox.push("u2", msg(3, later)).await.expect("room");
+        assert_eq!(inbox.total_hint(), Some(3));
+        assert!(inbox.remove("u2", 3).await.expect("removed"));
+        assert_eq!(inbox.total_hint(), Some(2));
+        // Expired messages leave the count when they are found.
+        inbox.list("u1", unix_ms() + 1000).await.expect("list");
+        assert_eq!(inbox.total_hint(), Some(1));
+    }
+
     use super::*;
 
     fn ev(trace: &str, user: &str, detail: Option<&'static str>) -> TraceEvent {

@@ -269,6 +269,11 @@ pub trait InboxStore: Send + Sync + 'static {
     async fn list(&self, user_id: &str, now_ms: i64) -> Result<Vec<StoredMessage>, StoreError>;
     async fn remove(&self, user_id: &str, message_id: u64) -> Result<bool, StoreError>;
     async fn len(&self, user_id: &str) -> Result<usize, StoreError>;
+    /// Messages held for every user, when the store knows it cheaply (the
+    /// embedded store does; Redis reports its own memory).
+    fn total_hint(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Why a subscription was refused.
