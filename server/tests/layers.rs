@@ -15,6 +15,14 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ),
     ("gateway", &["api"]),
     (
+        "tls",
+        &["logic", "route", "cluster", "gateway", "api", "store", "sink"],
+    ),
+    (
+        "telemetry",
+        &["logic", "route", "cluster", "gateway", "api", "store", "sink"],
+    ),
+    (
         "redis_conn",
         &["logic", "route", "cluster", "gateway", "api", "store"],
     ),
