@@ -16,11 +16,15 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("gateway", &["api"]),
     (
         "tls",
-        &["logic", "route", "cluster", "gateway", "api", "store", "sink"],
+        &[
+            "logic", "route", "cluster", "gateway", "api", "store", "sink",
+        ],
     ),
     (
         "telemetry",
-        &["logic", "route", "cluster", "gateway", "api", "store", "sink"],
+        &[
+            "logic", "route", "cluster", "gateway", "api", "store", "sink",
+        ],
     ),
     (
         "redis_conn",

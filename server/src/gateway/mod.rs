@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
@@ -187,8 +188,9 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
     }
 }
 
-// tungstenite's upgrade callback returns its own (large) error response type.
-#[allow(clippy::result_large_err)]
+/// The WebSocket upgrade, then the connection. The upgrade's state (its
+/// buffers, the forwarding headers) lives in its own boxed future, freed
+/// before the connection is served: an idle connection does not carry it.
 async fn upgrade<S>(
     stream: S,
     gw: Arc<Gateway>,
@@ -198,6 +200,24 @@ async fn upgrade<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let upgraded = Box::pin(ws_handshake(stream, &gw, peer, slot)).await;
+    match upgraded {
+        Some((ws, peer, slot)) => conn::serve(Ws(ws), gw, conn_id, peer, slot).await,
+        None => gw.hub.closed_conn(),
+    }
+}
+
+// tungstenite's upgrade callback returns its own (large) error response type.
+#[allow(clippy::result_large_err)]
+async fn ws_handshake<S>(
+    stream: S,
+    gw: &Gateway,
+    peer: SocketAddr,
+    slot: Option<IpSlot>,
+) -> Option<(WebSocketStream<S>, SocketAddr, IpSlot)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let l = &gw.hub.cfg().settings.limits;
     let config = WebSocketConfig::default()
         .read_buffer_size(l.ws_read_buffer)
@@ -205,43 +225,36 @@ async fn upgrade<S>(
         .max_message_size(Some(l.max_packet_size + 64))
         .max_frame_size(Some(l.max_packet_size + 64));
     // The upgrade's forwarding headers (believed from trusted proxies only).
-    let seen: Arc<parking_lot::Mutex<(Option<String>, Option<String>)>> = Arc::default();
-    let keep = seen.clone();
-    let callback = move |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
+    let mut seen: (Option<String>, Option<String>) = (None, None);
+    let callback = |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
         let h = |k: &str| {
             req.headers()
                 .get(k)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        *keep.lock() = (h("x-forwarded-for"), h("x-forwarded-proto"));
+        seen = (h("x-forwarded-for"), h("x-forwarded-proto"));
         Ok(resp)
     };
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config));
-    match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-        Ok(Ok(ws)) => {
-            let (peer, slot) = match slot {
-                Some(s) => (peer, s),
-                None => {
-                    let (xff, proto) = seen.lock().clone();
-                    let f =
-                        gw.hub
-                            .cfg()
-                            .proxies
-                            .resolve(peer.ip(), xff.as_deref(), proto.as_deref());
-                    let Some(s) = admit(&gw, f.client) else {
-                        gw.hub.closed_conn();
-                        return;
-                    };
-                    (SocketAddr::new(f.client, 0), s)
-                }
-            };
-            conn::serve(Ws(ws), gw, conn_id, peer, slot).await
-        }
+    let ws = match tokio::time::timeout(Duration::from_secs(10), handshake).await {
+        Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "websocket upgrade failed");
-            gw.hub.closed_conn();
+            return None;
         }
-        Err(_) => gw.hub.closed_conn(),
+        Err(_) => return None,
+    };
+    match slot {
+        Some(s) => Some((ws, peer, s)),
+        None => {
+            let f = gw
+                .hub
+                .cfg()
+                .proxies
+                .resolve(peer.ip(), seen.0.as_deref(), seen.1.as_deref());
+            let s = admit(gw, f.client)?;
+            Some((ws, SocketAddr::new(f.client, 0), s))
+        }
     }
 }
