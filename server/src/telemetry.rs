@@ -371,6 +371,18 @@ pub fn handle() -> PrometheusHandle {
             // Fails only if another recorder is installed; then ours just renders nothing.
             if metrics::set_global_recorder(recorder).is_ok() {
                 describe();
+                // Histogram samples wait in a buffer until folded into their
+                // buckets: fold them every few seconds, scraped or not, so a
+                // node nobody scrapes does not hold every sample.
+                let upkeep = handle.clone();
+                let _ = std::thread::Builder::new()
+                    .name("metrics-upkeep".into())
+                    .spawn(move || {
+                        loop {
+                            std::thread::sleep(std::time::Duration::from_millis(250));
+                            upkeep.run_upkeep();
+                        }
+                    });
             }
             handle
         })

@@ -227,8 +227,7 @@ impl<T: Transport> Driver<T> {
             if !self.unwritten.is_empty() {
                 let written = std::mem::take(&mut self.unwritten);
                 for at in written.iter().filter_map(|(_, at)| *at) {
-                    metrics::histogram!("mpush_push_write_delay_seconds")
-                        .record(at.elapsed().as_secs_f64());
+                    write_delay().record(at.elapsed().as_secs_f64());
                 }
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
                     let traces: Vec<Arc<str>> = written.into_iter().map(|(t, _)| t).collect();
@@ -369,8 +368,7 @@ impl<T: Transport> Driver<T> {
             }
             ServerEvent::Acked { push } => {
                 if let Some(at) = push.queued_at {
-                    metrics::histogram!("mpush_push_ack_seconds")
-                        .record(at.elapsed().as_secs_f64());
+                    ack_delay().record(at.elapsed().as_secs_f64());
                 }
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
                     hub.settle_acked(user, info, &push).await;
@@ -463,6 +461,17 @@ impl<T: Transport> Driver<T> {
         self.tx.close();
         self.gw.hub.closed_conn();
     }
+}
+
+/// The per-push histograms, looked up once (they are recorded per copy).
+fn write_delay() -> &'static metrics::Histogram {
+    static H: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
+    H.get_or_init(|| metrics::histogram!("mpush_push_write_delay_seconds"))
+}
+
+fn ack_delay() -> &'static metrics::Histogram {
+    static H: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
+    H.get_or_init(|| metrics::histogram!("mpush_push_ack_seconds"))
 }
 
 /// Why a connection ended, for a lifecycle event.

@@ -32,10 +32,12 @@ impl RateLimiter {
                 .unwrap_or(u32::MAX)
                 .min(self.burst.get());
             let cells = NonZeroU32::new(slice).unwrap_or(NonZeroU32::MIN);
-            if self.limiter.check_n(cells) != Ok(Ok(())) {
+            // Within the burst by construction, so only "not yet": wait on
+            // tokio's timer for the time governor names, then take them.
+            while let Ok(Err(not_until)) = self.limiter.check_n(cells) {
                 waited = true;
-                // Within the burst by construction: this only waits.
-                let _ = self.limiter.until_n_ready(cells).await;
+                let now = governor::clock::Clock::now(self.limiter.clock());
+                tokio::time::sleep(not_until.wait_time_from(now)).await;
             }
             left -= slice as usize;
         }
