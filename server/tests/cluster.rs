@@ -12,24 +12,6 @@ use mpush_protocol::client::ClientEvent;
 use mpush_server::{Running, Settings};
 use serde_json::{Value, json};
 
-/// Waits until the allocator route lists `n` live nodes.
-async fn wait_for_nodes(api: &Api, n: usize) {
-    for _ in 0..100 {
-        if api
-            .text(reqwest::Method::GET, "/", None)
-            .await
-            .1
-            .split(',')
-            .count()
-            == n
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the cluster never listed {n} nodes");
-}
-
 const NODE_SECRET: &str = "test-node-secret-0123456789abcdef";
 
 fn node_settings(redis: &str, id: &str) -> Settings {

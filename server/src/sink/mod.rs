@@ -46,7 +46,6 @@ struct Queue {
     /// Accepted once handed on (else: once queued).
     sync: bool,
     tx: mpsc::Sender<Item>,
-    capacity: usize,
     dropped: AtomicU64,
     /// Events taken by a worker and not yet handed on.
     in_flight: Arc<AtomicUsize>,
@@ -98,7 +97,6 @@ impl Queue {
             kinds,
             sync,
             tx,
-            capacity,
             dropped: AtomicU64::new(0),
             in_flight,
         }
@@ -110,7 +108,7 @@ impl Queue {
 
     /// Events not yet handed on: queued or in a worker's batch.
     fn depth(&self) -> usize {
-        self.capacity - self.tx.capacity() + self.in_flight.load(Ordering::Relaxed)
+        self.tx.max_capacity() - self.tx.capacity() + self.in_flight.load(Ordering::Relaxed)
     }
 
     fn offer(&self, event: Bytes, done: Option<oneshot::Sender<()>>) -> Result<(), Bytes> {

@@ -531,3 +531,21 @@ pub async fn wait_listening(addr: impl tokio::net::ToSocketAddrs + Clone) {
     }
     panic!("nothing listens");
 }
+
+/// Waits until the allocator route lists `n` live nodes.
+pub async fn wait_for_nodes(api: &Api, n: usize) {
+    for _ in 0..100 {
+        if api
+            .text(reqwest::Method::GET, "/", None)
+            .await
+            .1
+            .split(',')
+            .count()
+            == n
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the cluster never listed {n} nodes");
+}

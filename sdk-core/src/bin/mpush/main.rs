@@ -319,16 +319,7 @@ async fn main() -> ExitCode {
             if let Some(c) = condition {
                 body["condition"] = json!(c);
             }
-            if callback {
-                body["callback"] = json!(true);
-            }
-            request(
-                reqwest::Method::POST,
-                &format!("{}/api/v1/broadcast", api.trim_end_matches('/')),
-                Some(body),
-                api_token,
-            )
-            .await
+            post(&api, "/api/v1/broadcast", body, callback, api_token).await
         }
         Command::Topic {
             command:
@@ -341,21 +332,9 @@ async fn main() -> ExitCode {
                     api_token,
                 },
         } => {
-            let mut body = json!({"content": content, "ackMode": ack.name()});
-            if callback {
-                body["callback"] = json!(true);
-            }
-            request(
-                reqwest::Method::POST,
-                &format!(
-                    "{}/api/v1/topics/{}/push",
-                    api.trim_end_matches('/'),
-                    path_segment(&topic)
-                ),
-                Some(body),
-                api_token,
-            )
-            .await
+            let body = json!({"content": content, "ackMode": ack.name()});
+            let path = format!("/api/v1/topics/{}/push", path_segment(&topic));
+            post(&api, &path, body, callback, api_token).await
         }
         Command::Trace {
             api,
@@ -381,18 +360,9 @@ async fn main() -> ExitCode {
             client_type,
             api_token,
         } => {
-            let body = client_type.map(|c| json!({"clientType": c}));
-            request(
-                reqwest::Method::POST,
-                &format!(
-                    "{}/api/v1/users/{}/kick",
-                    api.trim_end_matches('/'),
-                    path_segment(&user)
-                ),
-                Some(body.unwrap_or_else(|| json!({}))),
-                api_token,
-            )
-            .await
+            let body = client_type.map_or_else(|| json!({}), |c| json!({"clientType": c}));
+            let path = format!("/api/v1/users/{}/kick", path_segment(&user));
+            post(&api, &path, body, false, api_token).await
         }
         Command::Push {
             api,
@@ -407,16 +377,7 @@ async fn main() -> ExitCode {
             if let Some(t) = ttl {
                 body["ttlSeconds"] = json!(t);
             }
-            if callback {
-                body["callback"] = json!(true);
-            }
-            request(
-                reqwest::Method::POST,
-                &format!("{}/api/v1/push", api.trim_end_matches('/')),
-                Some(body),
-                api_token,
-            )
-            .await
+            post(&api, "/api/v1/push", body, callback, api_token).await
         }
         Command::Status {
             api,
@@ -431,6 +392,21 @@ async fn main() -> ExitCode {
             request(reqwest::Method::GET, &url, None, api_token).await
         }
     }
+}
+
+/// POST a JSON body to the API at `path` (with `callback: true` when asked).
+async fn post(
+    api: &str,
+    path: &str,
+    mut body: Value,
+    callback: bool,
+    token: Option<String>,
+) -> ExitCode {
+    if callback {
+        body["callback"] = json!(true);
+    }
+    let url = format!("{}{path}", api.trim_end_matches('/'));
+    request(reqwest::Method::POST, &url, Some(body), token).await
 }
 
 fn fail(code: u8, msg: &str) -> ExitCode {
