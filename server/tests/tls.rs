@@ -236,3 +236,30 @@ fn a_bad_certificate_is_refused_at_start_with_the_setting_named() {
     assert!(s.validate().is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that opens a TCP connection to a TLS port and says nothing is
+/// closed at the handshake deadline: it cannot hold a connection for free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_tls_client_is_closed_at_the_handshake_deadline() {
+    use tokio::io::AsyncReadExt;
+    let dir = std::env::temp_dir().join(format!("mpush-tls-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = self_signed();
+    let (c, k) = write(&dir, &cert, &key);
+    let mut s = settings();
+    s.tls.cert_file = c.to_string_lossy().into_owned();
+    s.tls.key_file = k.to_string_lossy().into_owned();
+    s.limits.handshake_timeout_ms = 1000;
+    let server = start(s).await;
+    let mut sock = tokio::net::TcpStream::connect(server.tcp)
+        .await
+        .expect("connects");
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await;
+    assert!(
+        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+        "closed by the server within the deadline: {r:?}"
+    );
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

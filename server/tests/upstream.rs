@@ -735,19 +735,7 @@ async fn callbacks_come_from_the_node_that_holds_the_device() {
     let a = start(node("A")).await;
     let b = start(node("B")).await;
     let api = Api::new(&a);
-    for _ in 0..100 {
-        if api
-            .text(reqwest::Method::GET, "/", None)
-            .await
-            .1
-            .split(',')
-            .count()
-            == 2
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_nodes(&api, 2).await;
     let mut on_b = bound(&b, Via::Tcp, true, device("far-1", "android"), "far", "").await;
     let mut on_a = bound(&a, Via::Tcp, true, device("near-1", "android"), "near", "").await;
     // A unicast sent through A to a device on B: B watches it and reports.
@@ -800,3 +788,27 @@ async fn callbacks_come_from_the_node_that_holds_the_device() {
 /// `Running` is used by the helpers above through `common`.
 #[allow(dead_code)]
 fn _uses(_: &Running) {}
+
+/// A caller cannot make a node watch pushes without end: over
+/// `sinks.callback_max_watched` a push with a callback is a 503 (and not sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_callbacks_are_bounded() {
+    let rx = Receiver::start().await;
+    let mut s = with_webhook(&rx, &[SinkEvent::Callback], WebhookMode::Async);
+    s.sinks.callback_max_watched = 1;
+    let server = start(s).await;
+    let api = Api::new(&server);
+    let push = json!({"userId": "nobody-here", "content": "x", "ttlSeconds": 60, "callback": true});
+    let (st, r) = api.post("/api/v1/push", push.clone()).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = api.post("/api/v1/push", push).await;
+    assert_eq!(st, 503, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("callbacks"),
+        "{r}"
+    );
+    server.shutdown().await;
+}
