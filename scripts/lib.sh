@@ -3,7 +3,10 @@
 #                        elsewhere says what to install and stops.
 #   need_node MAJOR      checks that node (and npm) of at least MAJOR are there.
 
-log() { printf '\n==> %s\n' "$*"; }
+log() {
+    # The free disk space goes with each phase: a full run builds a lot.
+    printf '\n==> %s   [%s free]\n' "$*" "$(df -h . 2>/dev/null | awk 'NR==2 {print $4}')"
+}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then
