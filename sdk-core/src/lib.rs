@@ -6,7 +6,9 @@
 
 pub mod session;
 
-pub use session::{Action, Message, Session, SessionConfig, SessionError, SessionEvent};
+pub use session::{
+    Action, Message, Session, SessionConfig, SessionError, SessionEvent, SessionState,
+};
 
 #[cfg(feature = "tokio")]
 pub mod native;

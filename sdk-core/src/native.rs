@@ -12,12 +12,12 @@ use mpush_protocol::Instant;
 use mpush_protocol::session::AckMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::session::{
-    Action, Session, SessionConfig, SessionError, SessionEvent, parse_server_list,
+    Action, Session, SessionConfig, SessionError, SessionEvent, SessionState, parse_server_list,
 };
 
 /// Where the resume ticket persists: a file (`FileTicketStore`), or what
@@ -87,46 +87,64 @@ impl std::fmt::Debug for ClientOptions {
     }
 }
 
+/// A caller's wait for a request's `Settled` event.
+type Reply = oneshot::Sender<Result<(), SessionError>>;
+
 enum Cmd {
-    Bind(
-        String,
-        String,
-        String,
-        oneshot::Sender<Result<(), SessionError>>,
-    ),
-    Unbind,
-    Ack(u64, oneshot::Sender<Result<(), SessionError>>),
-    Push(Vec<u8>, AckMode, oneshot::Sender<Result<(), SessionError>>),
+    Bind(String, String, String, Reply),
+    Unbind(Reply),
+    Ack(u64, Option<Reply>),
+    Push(Vec<u8>, AckMode, Reply),
     Network(bool),
     Foreground(bool),
-    Close,
 }
+
+/// Commands waiting for the driver; more wait in `send().await` (the
+/// async ones) or fail with `queue_full` (the others).
+pub const COMMAND_CAPACITY: usize = 256;
+/// Events the app has not read yet. Once this many wait, the driver stops
+/// reading the socket (the server's flow control takes over) until the app
+/// catches up; commands, timers and heartbeats go on.
+pub const EVENT_CAPACITY: usize = 1024;
 
 /// A connected (or reconnecting) client. Dropping it closes the session.
 /// Its commands are those of [`ClientHandle`] (through `Deref`).
 pub struct Client {
     handle: ClientHandle,
-    events: mpsc::UnboundedReceiver<SessionEvent>,
+    events: mpsc::Receiver<SessionEvent>,
 }
 
 /// The commands of a [`Client`], cloneable and usable from any task while
 /// one owner reads the events.
 #[derive(Clone)]
 pub struct ClientHandle {
-    cmds: mpsc::UnboundedSender<Cmd>,
+    cmds: mpsc::Sender<Cmd>,
+    /// `close()` does not queue behind commands or a connect attempt.
+    close: Arc<watch::Sender<bool>>,
+    state: watch::Receiver<SessionState>,
 }
 
 impl Client {
-    /// Starts the session in a background task; it connects and reconnects by
-    /// itself. Watch `next_event` for `Connected`.
-    pub fn connect(options: ClientOptions) -> Self {
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(options, cmd_rx, ev_tx));
-        Self {
-            handle: ClientHandle { cmds: cmd_tx },
+    /// Checks the options (`SessionConfig::validate`), then starts the
+    /// session in a background task; it connects and reconnects by itself.
+    /// Watch `next_event` for `Connected`, or await `bind`.
+    pub fn connect(options: ClientOptions) -> Result<Self, SessionError> {
+        options.session.validate()?;
+        let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
+        let (ev_tx, ev_rx) = mpsc::channel(EVENT_CAPACITY);
+        let (close_tx, close_rx) = watch::channel(false);
+        let (state_tx, state_rx) = watch::channel(SessionState::Connecting {
+            address: String::new(),
+        });
+        tokio::spawn(run(options, cmd_rx, close_rx, state_tx, ev_tx));
+        Ok(Self {
+            handle: ClientHandle {
+                cmds: cmd_tx,
+                close: Arc::new(close_tx),
+                state: state_rx,
+            },
             events: ev_rx,
-        }
+        })
     }
 
     /// The next event; `None` once the session has stopped and every event was read.
@@ -149,27 +167,27 @@ impl std::ops::Deref for Client {
 }
 
 impl ClientHandle {
+    /// Binds a user (re-bound after every reconnect). Resolves once the
+    /// server accepted it; `BindFailed` when it refused, or a newer bind or
+    /// an unbind replaced it. Offline, it waits for the connection.
     pub async fn bind(&self, user: &str, tags: &str, token: &str) -> Result<(), SessionError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Cmd::Bind(user.into(), tags.into(), token.into(), tx))?;
-        rx.await.unwrap_or(Err(SessionError::Stopped))
+        self.request(|tx| Cmd::Bind(user.into(), tags.into(), token.into(), tx))
+            .await
     }
 
-    pub fn unbind(&self) -> Result<(), SessionError> {
-        self.send(Cmd::Unbind)
+    /// Forgets the user (no more re-binds); resolves once the server was told.
+    pub async fn unbind(&self) -> Result<(), SessionError> {
+        self.request(Cmd::Unbind).await
     }
 
     pub async fn ack(&self, ack_id: u64) -> Result<(), SessionError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Cmd::Ack(ack_id, tx))?;
-        rx.await.unwrap_or(Err(SessionError::Stopped))
+        self.request(|tx| Cmd::Ack(ack_id, Some(tx))).await
     }
 
-    /// Acknowledges without waiting for the session's answer (safe to call
-    /// from an event callback that must not block).
+    /// Acknowledges without waiting (safe to call from an event callback
+    /// that must not block); `QueueFull` if the command queue is full.
     pub fn ack_nowait(&self, ack_id: u64) -> Result<(), SessionError> {
-        let (tx, _) = oneshot::channel();
-        self.send(Cmd::Ack(ack_id, tx))
+        self.try_send(Cmd::Ack(ack_id, None))
     }
 
     /// Sends a message up (queued while offline, and kept across
@@ -177,35 +195,53 @@ impl ClientHandle {
     /// the server accepted it; fails with `SessionError::RetryLater` when it
     /// could not take it now (`error.retryable()`), `PushRejected` when it
     /// never will, `QueueFull` when too many are waiting. Without, resolves
-    /// once it is queued to be sent.
+    /// once it is written.
     pub async fn push(&self, content: &[u8], ack_mode: AckMode) -> Result<(), SessionError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Cmd::Push(content.to_vec(), ack_mode, tx))?;
-        rx.await.unwrap_or(Err(SessionError::Stopped))
+        self.request(|tx| Cmd::Push(content.to_vec(), ack_mode, tx))
+            .await
     }
 
     /// The network is back: retry now.
     pub fn network_available(&self) -> Result<(), SessionError> {
-        self.send(Cmd::Network(true))
+        self.try_send(Cmd::Network(true))
     }
 
     /// The network came or went: back, retry now; gone, no attempts until back.
     pub fn network_changed(&self, available: bool) -> Result<(), SessionError> {
-        self.send(Cmd::Network(available))
+        self.try_send(Cmd::Network(available))
     }
 
     /// The app came to the foreground (retry now) or went to the background
     /// (no reconnect attempts until it is back; a live connection stays).
     pub fn app_state(&self, foreground: bool) -> Result<(), SessionError> {
-        self.send(Cmd::Foreground(foreground))
+        self.try_send(Cmd::Foreground(foreground))
     }
 
+    /// Where the session is now (`StateChanged` events tell each change).
+    pub fn state(&self) -> SessionState {
+        self.state.borrow().clone()
+    }
+
+    /// Stops for good, at once: a connect attempt in progress is dropped and
+    /// every open request fails with `Stopped`.
     pub fn close(&self) {
-        let _ = self.cmds.send(Cmd::Close);
+        self.close.send_replace(true);
     }
 
-    fn send(&self, c: Cmd) -> Result<(), SessionError> {
-        self.cmds.send(c).map_err(|_| SessionError::Stopped)
+    async fn request(&self, cmd: impl FnOnce(Reply) -> Cmd) -> Result<(), SessionError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .send(cmd(tx))
+            .await
+            .map_err(|_| SessionError::Stopped)?;
+        rx.await.unwrap_or(Err(SessionError::Stopped))
+    }
+
+    fn try_send(&self, c: Cmd) -> Result<(), SessionError> {
+        self.cmds.try_send(c).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => SessionError::QueueFull(COMMAND_CAPACITY),
+            mpsc::error::TrySendError::Closed(_) => SessionError::Stopped,
+        })
     }
 }
 
@@ -386,13 +422,32 @@ async fn sleep_opt(t: Option<Instant>) {
     }
 }
 
+type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, String>> + Send>>;
+
+/// Polls an optional future: pending while there is none.
+async fn poll_opt<T>(f: &mut Option<Pending<T>>) -> Result<T, String> {
+    match f {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Closes a connection in the background (a close handshake must not hold
+/// up the session), bounded in time.
+fn close_later(c: Conn) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.close()).await;
+    });
+}
+
 async fn run(
     options: ClientOptions,
-    mut cmds: mpsc::UnboundedReceiver<Cmd>,
-    events: mpsc::UnboundedSender<SessionEvent>,
+    mut cmds: mpsc::Receiver<Cmd>,
+    mut close: watch::Receiver<bool>,
+    state: watch::Sender<SessionState>,
+    events: mpsc::Sender<SessionEvent>,
 ) {
     let ticket = options.ticket_store.as_ref().and_then(|s| s.load());
-    let connect_timeout = options.session.connect_timeout;
     // A bad pinned certificate fails every TLS connect (and says why); plain
     // addresses still work.
     let tls = tls_config(options.session.tls_pinned_cert_pem.as_deref());
@@ -404,18 +459,26 @@ async fn run(
         unix_ms(),
     );
     let mut conn: Option<Conn> = None;
+    // The connect attempt and the allocator request run beside commands:
+    // a `close()` (or anything else) does not wait for them.
+    let mut opening: Option<Pending<Conn>> = None;
+    let mut fetching: Option<Pending<Vec<String>>> = None;
     let mut buf = vec![0u8; 16 * 1024];
-    // Up-pushes waiting for the server's answer, by session request id.
-    let mut pushes: std::collections::HashMap<u64, oneshot::Sender<Result<(), SessionError>>> =
-        std::collections::HashMap::new();
+    // Callers waiting for their request's `Settled`, by request id.
+    let mut waiters: std::collections::HashMap<u64, Reply> = std::collections::HashMap::new();
+    // Events the app has not taken yet (see EVENT_CAPACITY).
+    let mut backlog: std::collections::VecDeque<SessionEvent> = std::collections::VecDeque::new();
     loop {
         while let Some(a) = session.poll_action() {
             match a {
                 Action::Open { address } => {
                     if let Some(c) = conn.take() {
-                        c.close().await;
+                        close_later(c);
                     }
-                    let open = async {
+                    let tls = tls.clone();
+                    // The session's own deadline (connect_timeout) ends a
+                    // slow attempt with `Action::Close`.
+                    opening = Some(Box::pin(async move {
                         match &tls {
                             Ok(t) => Conn::open(&address, t).await,
                             Err(e)
@@ -426,15 +489,7 @@ async fn run(
                             }
                             Err(_) => Conn::open(&address, &tls_config(None)?).await,
                         }
-                    };
-                    match tokio::time::timeout(connect_timeout, open).await {
-                        Ok(Ok(c)) => {
-                            conn = Some(c);
-                            session.handle_opened(Instant::now());
-                        }
-                        Ok(Err(e)) => session.handle_open_failed(&e, Instant::now()),
-                        Err(_) => session.handle_open_failed("connect timed out", Instant::now()),
-                    }
+                    }));
                 }
                 Action::Send(b) => {
                     if let Some(c) = &mut conn
@@ -445,79 +500,112 @@ async fn run(
                     }
                 }
                 Action::Close => {
+                    opening = None;
                     if let Some(c) = conn.take() {
-                        c.close().await;
+                        close_later(c);
                     }
                 }
                 Action::FetchServers { url } => {
-                    let r = match &tls {
-                        Ok(t) => fetch_servers(&url, Some(t)).await,
-                        Err(e) if url.starts_with("https://") => Err(e.clone()),
-                        Err(_) => fetch_servers(&url, None).await,
-                    };
-                    session.handle_servers(r, Instant::now());
+                    let tls = tls.clone();
+                    fetching = Some(Box::pin(async move {
+                        match &tls {
+                            Ok(t) => fetch_servers(&url, Some(t)).await,
+                            Err(e) if url.starts_with("https://") => Err(e.clone()),
+                            Err(_) => fetch_servers(&url, None).await,
+                        }
+                    }));
                 }
             }
         }
         let mut stopped = false;
         while let Some(e) = session.poll_event() {
-            if let (SessionEvent::TicketUpdated { ticket }, Some(store)) =
-                (&e, &options.ticket_store)
-            {
-                let _ = store.save(ticket);
-            }
             match &e {
-                SessionEvent::PushAcked { request } => {
-                    if let Some(tx) = pushes.remove(request) {
-                        let _ = tx.send(Ok(()));
+                SessionEvent::TicketUpdated { ticket } => {
+                    if let Some(store) = &options.ticket_store {
+                        let _ = store.save(ticket);
                     }
                 }
-                SessionEvent::PushFailed { request, error } => {
-                    if let Some(tx) = pushes.remove(request) {
-                        let _ = tx.send(Err(error.clone()));
+                SessionEvent::Settled { request, result } => {
+                    if let Some(tx) = waiters.remove(request) {
+                        let _ = tx.send(result.clone());
                     }
                 }
-                SessionEvent::Stopped { .. } => {
-                    stopped = true;
-                    for (_, tx) in pushes.drain() {
-                        let _ = tx.send(Err(SessionError::Stopped));
-                    }
+                SessionEvent::StateChanged(s) => {
+                    state.send_replace(s.clone());
                 }
+                SessionEvent::Stopped { .. } => stopped = true,
                 _ => {}
             }
-            let _ = events.send(e);
+            backlog.push_back(e);
         }
-        if stopped && session.poll_action().is_none() {
+        if stopped {
+            for (_, tx) in waiters.drain() {
+                let _ = tx.send(Err(SessionError::Stopped));
+            }
             if let Some(c) = conn.take() {
-                c.close().await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), c.close()).await;
+            }
+            // The last events (`Stopped` among them) go to a reader that is
+            // still there; the task ends when they are read or it is gone.
+            for e in backlog {
+                if events.send(e).await.is_err() {
+                    break;
+                }
             }
             return;
         }
+        let reading = conn.is_some() && backlog.len() < EVENT_CAPACITY;
         tokio::select! {
+            biased;
+            _ = close.wait_for(|c| *c) => session.close(),
             c = cmds.recv() => {
                 let now = Instant::now();
                 match c {
-                    Some(Cmd::Bind(u, t, k, tx)) => { let _ = tx.send(session.bind(&u, &t, &k, now)); }
-                    Some(Cmd::Unbind) => { let _ = session.unbind(now); }
-                    Some(Cmd::Ack(id, tx)) => { let _ = tx.send(session.ack(id, now)); }
+                    Some(Cmd::Bind(u, t, k, tx)) => match session.bind(&u, &t, &k, now) {
+                        Ok(r) => { waiters.insert(r, tx); }
+                        Err(e) => { let _ = tx.send(Err(e)); }
+                    },
+                    Some(Cmd::Unbind(tx)) => match session.unbind(now) {
+                        Ok(r) => { waiters.insert(r, tx); }
+                        Err(e) => { let _ = tx.send(Err(e)); }
+                    },
+                    Some(Cmd::Ack(id, tx)) => {
+                        let r = session.ack(id, now);
+                        if let Some(tx) = tx { let _ = tx.send(r); }
+                    }
                     Some(Cmd::Push(b, m, tx)) => match session.push(&b, m, now) {
-                        Ok(request) if m != AckMode::None => { pushes.insert(request, tx); }
-                        Ok(_) => { let _ = tx.send(Ok(())); }
+                        Ok(r) => { waiters.insert(r, tx); }
                         Err(e) => { let _ = tx.send(Err(e)); }
                     },
                     Some(Cmd::Network(true)) => session.network_available(now),
                     Some(Cmd::Network(false)) => session.network_lost(),
                     Some(Cmd::Foreground(true)) => session.foreground(now),
                     Some(Cmd::Foreground(false)) => session.background(),
-                    Some(Cmd::Close) | None => session.close(),
+                    None => session.close(),
                 }
+            }
+            permit = events.reserve(), if !backlog.is_empty() => match permit {
+                Ok(p) => { if let Some(e) = backlog.pop_front() { p.send(e); } }
+                // Nobody reads events any more: keep serving commands.
+                Err(_) => backlog.clear(),
+            },
+            r = poll_opt(&mut opening) => {
+                opening = None;
+                match r {
+                    Ok(c) => { conn = Some(c); session.handle_opened(Instant::now()); }
+                    Err(e) => session.handle_open_failed(&e, Instant::now()),
+                }
+            }
+            r = poll_opt(&mut fetching) => {
+                fetching = None;
+                session.handle_servers(r, Instant::now());
             }
             r = async {
                 match &mut conn {
                     Some(c) => c.recv(&mut buf).await,
                     None => std::future::pending().await,
                 }
-            } => match r {
+            }, if reading => match r {
                 Ok(Some(b)) => session.handle_input(&b, Instant::now()),
                 Ok(None) => { conn = None; session.handle_closed("closed by the server", Instant::now()); }
                 Err(e) => { conn = None; session.handle_closed(&e, Instant::now()); }

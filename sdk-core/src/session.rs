@@ -55,6 +55,17 @@ pub struct SessionConfig {
 }
 
 impl SessionConfig {
+    /// The defaults, here and nowhere else (every binding starts from them).
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(240);
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_DEDUP_CAPACITY: usize = 1024;
+    pub const DEFAULT_OUTBOUND_CAPACITY: usize = 256;
+    /// The bounds `validate` enforces.
+    pub const MIN_HEARTBEAT: Duration = Duration::from_secs(1);
+    pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+    pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+    pub const MAX_CAPACITY: usize = 1_000_000;
+
     pub fn new(servers: Vec<String>, public_key: Arc<RsaPublic>, device: DeviceInfo) -> Self {
         Self {
             servers,
@@ -62,13 +73,74 @@ impl SessionConfig {
             public_key,
             device,
             offer_v2: true,
-            heartbeat: Duration::from_secs(240),
+            heartbeat: Self::DEFAULT_HEARTBEAT,
             backoff: BackoffConfig::default(),
-            dedup_capacity: 1024,
-            outbound_capacity: 256,
-            connect_timeout: Duration::from_secs(10),
+            dedup_capacity: Self::DEFAULT_DEDUP_CAPACITY,
+            outbound_capacity: Self::DEFAULT_OUTBOUND_CAPACITY,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             tls_pinned_cert_pem: None,
         }
+    }
+
+    /// Checks every field; the error (`invalid_input`) names the first bad
+    /// one. Every binding calls this, so the rules are the same everywhere.
+    pub fn validate(&self) -> Result<(), SessionError> {
+        let bad = |m: String| Err(SessionError::InvalidInput(m));
+        if self.servers.is_empty() && self.allocator_url.is_none() {
+            return bad("servers or allocator_url is required".into());
+        }
+        for s in &self.servers {
+            if let Err(why) = check_address(s) {
+                return bad(format!("servers: {s:?}: {why}"));
+            }
+        }
+        if let Some(u) = &self.allocator_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return bad(format!("allocator_url: {u:?} is not an http(s):// URL"));
+        }
+        if self.device.device_id.is_empty() {
+            return bad("device_id must not be empty".into());
+        }
+        let within = |d: Duration, min: Duration| d >= min && d <= Self::MAX_DURATION;
+        if !within(self.heartbeat, Self::MIN_HEARTBEAT) {
+            return bad("heartbeat: from 1 s to 1 day".into());
+        }
+        if !within(self.connect_timeout, Self::MIN_CONNECT_TIMEOUT) {
+            return bad("connect_timeout: from 100 ms to 1 day".into());
+        }
+        let b = &self.backoff;
+        if b.initial.is_zero() || b.max < b.initial || b.max > Self::MAX_DURATION {
+            return bad("backoff: 0 < initial <= max <= 1 day".into());
+        }
+        if !(1.0..=100.0).contains(&b.multiplier) || !(0.0..=1.0).contains(&b.jitter) {
+            return bad("backoff: multiplier from 1 to 100, jitter from 0 to 1".into());
+        }
+        for (name, n) in [
+            ("dedup_capacity", self.dedup_capacity),
+            ("outbound_capacity", self.outbound_capacity),
+        ] {
+            if n == 0 || n > Self::MAX_CAPACITY {
+                return bad(format!("{name}: from 1 to 1000000"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `host:port`, `tls://host:port`, `ws://...` or `wss://...`.
+fn check_address(s: &str) -> Result<(), &'static str> {
+    if let Some(rest) = s.strip_prefix("ws://").or_else(|| s.strip_prefix("wss://")) {
+        return if rest.is_empty() || rest.starts_with('/') {
+            Err("no host")
+        } else {
+            Ok(())
+        };
+    }
+    let hostport = s.strip_prefix("tls://").unwrap_or(s);
+    match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(()),
+        _ => Err("not host:port, tls://host:port, ws:// or wss://"),
     }
 }
 
@@ -110,10 +182,42 @@ pub struct Message {
     pub ack_id: u64,
 }
 
+/// Where the session is, with what the app may show of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionState {
+    /// Opening a connection (or asking the allocator) and shaking hands.
+    Connecting { address: String },
+    Connected {
+        address: String,
+        resumed: bool,
+        v2: bool,
+    },
+    /// Waiting to reconnect (or paused: network down, app in the background).
+    Disconnected { reason: String, retry_in_ms: u64 },
+    /// For good: closed by the app, or refused by the server.
+    Stopped { reason: String },
+}
+
+impl SessionState {
+    /// `connecting`, `connected`, `disconnected` or `closed`: the same
+    /// names in every SDK.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Connecting { .. } => "connecting",
+            Self::Connected { .. } => "connected",
+            Self::Disconnected { .. } => "disconnected",
+            Self::Stopped { .. } => "closed",
+        }
+    }
+}
+
 /// What happened, for the app.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SessionEvent {
+    /// The state changed (`Session::state()` says the same); comes before
+    /// the `Connected`, `Disconnected` or `Stopped` event of that change.
+    StateChanged(SessionState),
     Connected {
         address: String,
         resumed: bool,
@@ -137,16 +241,16 @@ pub enum SessionEvent {
     TicketUpdated {
         ticket: String,
     },
-    /// The server accepted the up-push `request` (its sinks have it).
-    PushAcked {
+    /// The request that `bind`, `unbind` or `push` returned is settled,
+    /// once: a bind when the server accepted or refused it (`bind_failed`),
+    /// or a newer bind or an unbind replaced it; an unbind once sent (or at
+    /// once, offline); an up-push with an ACK mode when the server accepted
+    /// it (its sinks have it) or refused it (`error.retryable()` says whether
+    /// sending it again later may work), one without once written. Closing
+    /// settles every open request with `stopped`.
+    Settled {
         request: u64,
-    },
-    /// The up-push `request` was not accepted: `error.retryable()` says
-    /// whether sending it again later may work (`retry_later`) or not
-    /// (`push_rejected`).
-    PushFailed {
-        request: u64,
-        error: SessionError,
+        result: Result<(), SessionError>,
     },
     /// The session will not reconnect (closed by the app, or refused for good).
     Stopped {
@@ -171,6 +275,24 @@ pub enum SessionError {
     /// The server will not take the up-push as sent (e.g. not bound).
     #[error("the server rejected the push: {0}")]
     PushRejected(String),
+    /// A bad option or argument; the text names it.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The server refused the bind, or a newer bind or an unbind replaced it.
+    #[error("bind failed: {0}")]
+    BindFailed(String),
+    /// A command before the client was started (`connect()`).
+    #[error("not started: call connect() first")]
+    NotStarted,
+    /// The platform's storage (the resume ticket, the device id) failed.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// An app callback (listener) threw; the client goes on.
+    #[error("a callback failed: {0}")]
+    Callback(String),
+    /// An event reader fell behind and its oldest events were dropped.
+    #[error("events dropped: a reader is not keeping up")]
+    EventsOverflow,
 }
 
 impl SessionError {
@@ -182,6 +304,12 @@ impl SessionError {
             Self::UnknownAck(_) => "unknown_ack",
             Self::RetryLater(_) => "retry_later",
             Self::PushRejected(_) => "push_rejected",
+            Self::InvalidInput(_) => "invalid_input",
+            Self::BindFailed(_) => "bind_failed",
+            Self::NotStarted => "invalid_state",
+            Self::Storage(_) => "storage",
+            Self::Callback(_) => "callback",
+            Self::EventsOverflow => "events_overflow",
         }
     }
 
@@ -198,6 +326,12 @@ impl SessionError {
             Self::UnknownAck(0),
             Self::RetryLater(String::new()),
             Self::PushRejected(String::new()),
+            Self::InvalidInput(String::new()),
+            Self::BindFailed(String::new()),
+            Self::NotStarted,
+            Self::Storage(String::new()),
+            Self::Callback(String::new()),
+            Self::EventsOverflow,
         ];
         // Adding a variant breaks this match: add it to the list above too.
         for e in &all {
@@ -206,7 +340,13 @@ impl SessionError {
                 | Self::Stopped
                 | Self::UnknownAck(_)
                 | Self::RetryLater(_)
-                | Self::PushRejected(_) => {}
+                | Self::PushRejected(_)
+                | Self::InvalidInput(_)
+                | Self::BindFailed(_)
+                | Self::NotStarted
+                | Self::Storage(_)
+                | Self::Callback(_)
+                | Self::EventsOverflow => {}
             }
         }
         all
@@ -253,6 +393,7 @@ pub struct Session {
     clock: (Instant, i64),
     backoff: Backoff,
     link: Link,
+    state: SessionState,
     dedup: Option<DedupWindow>,
     ticket: Option<ResumeTicket>,
     servers: Vec<String>,
@@ -260,6 +401,8 @@ pub struct Session {
     /// Attempts in the current round over the server list.
     tried: usize,
     user: Option<(String, String, String)>,
+    /// `bind` requests for `user` not answered yet (all settle together).
+    binds: Vec<u64>,
     outbound: VecDeque<Outbound>,
     next_request: u64,
     /// Up-pushes sent and waiting for the server's answer, by connection
@@ -306,12 +449,16 @@ impl Session {
             clock: (now, unix_ms),
             backoff: Backoff::new(config.backoff.clone()),
             link: Link::Waiting { at: now },
+            state: SessionState::Connecting {
+                address: String::new(),
+            },
             dedup: Some(DedupWindow::new(config.dedup_capacity)),
             ticket: ticket.and_then(ResumeTicket::from_text),
             servers: config.servers.clone(),
             next_server: 0,
             tried: 0,
             user: None,
+            binds: Vec::new(),
             outbound: VecDeque::new(),
             next_request: 1,
             requests: HashMap::new(),
@@ -326,6 +473,11 @@ impl Session {
         };
         s.connect(now);
         s
+    }
+
+    /// Where the session is (every change is also a `StateChanged` event).
+    pub fn state(&self) -> &SessionState {
+        &self.state
     }
 
     pub fn is_connected(&self) -> bool {
@@ -475,15 +627,28 @@ impl Session {
 
     // ----- app commands ----------------------------------------------------
 
-    /// Binds (and re-binds after every reconnect) a user.
+    /// Binds (and re-binds after every reconnect) a user. Returns a
+    /// request id that `Settled` names once the server accepted the bind
+    /// (or refused it: `bind_failed`). Offline, it waits for the connection.
+    /// A bind of another user, or an unbind, fails the open ones.
     pub fn bind(
         &mut self,
         user: &str,
         tags: &str,
         token: &str,
         now: Instant,
-    ) -> Result<(), SessionError> {
+    ) -> Result<u64, SessionError> {
         self.alive()?;
+        if user.is_empty() {
+            return Err(SessionError::InvalidInput(
+                "user id must not be empty".into(),
+            ));
+        }
+        if self.user.as_ref().is_some_and(|(u, ..)| u != user) {
+            self.fail_binds(&format!("replaced by a bind of {user}"));
+        }
+        let request = self.new_request();
+        self.binds.push(request);
         self.user = Some((user.to_owned(), tags.to_owned(), token.to_owned()));
         if let Link::Connected { conn, .. } = &mut self.link
             && conn.is_established()
@@ -491,18 +656,24 @@ impl Session {
             let _ = conn.bind(user, tags, token, now);
             self.pump(now);
         }
-        Ok(())
+        Ok(request)
     }
 
-    pub fn unbind(&mut self, now: Instant) -> Result<(), SessionError> {
+    /// Forgets the user (no more re-binds) and tells the server. The
+    /// request settles once that is sent (at once when offline: the server
+    /// unbinds a closed connection by itself).
+    pub fn unbind(&mut self, now: Instant) -> Result<u64, SessionError> {
         self.alive()?;
+        self.fail_binds("unbound before the server answered");
         if let Some((user, ..)) = self.user.take()
             && let Link::Connected { conn, .. } = &mut self.link
         {
             let _ = conn.unbind(&user, now);
             self.pump(now);
         }
-        Ok(())
+        let request = self.new_request();
+        self.settle(request, Ok(()));
+        Ok(request)
     }
 
     /// Acknowledges a message the app handled (BIZ mode). Offline, a v2 ACK is
@@ -529,10 +700,10 @@ impl Session {
     }
 
     /// Sends a message up; queued while offline. Returns a request id that
-    /// `PushAcked` (the server accepted it) or `PushFailed` names when
-    /// `ack_mode` is not `None`. Until accepted it is kept (and sent again,
-    /// with the same message id, after a reconnect); unanswered and queued
-    /// up-pushes together are bounded by `outbound_capacity`.
+    /// `Settled` names: with an `ack_mode`, once the server accepted (or
+    /// refused) it; without, once written. Until accepted it is kept (and
+    /// sent again, with the same message id, after a reconnect); unanswered
+    /// and queued up-pushes together are bounded by `outbound_capacity`.
     pub fn push(
         &mut self,
         content: &[u8],
@@ -544,8 +715,7 @@ impl Session {
         if held >= self.config.outbound_capacity {
             return Err(SessionError::QueueFull(held));
         }
-        let request = self.next_request;
-        self.next_request += 1;
+        let request = self.new_request();
         let item = Outbound::Push(UpPush {
             request,
             message_id: self.rng.next_u64(),
@@ -571,13 +741,53 @@ impl Session {
             conn.close();
         }
         self.actions.push_back(Action::Close);
-        self.link = Link::Stopped;
-        self.events.push_back(SessionEvent::Stopped {
-            reason: "closed by the app".into(),
-        });
+        self.stop("closed by the app".into());
     }
 
     // ----- internals -----------------------------------------------------
+
+    fn new_request(&mut self) -> u64 {
+        let r = self.next_request;
+        self.next_request += 1;
+        r
+    }
+
+    fn settle(&mut self, request: u64, result: Result<(), SessionError>) {
+        self.events
+            .push_back(SessionEvent::Settled { request, result });
+    }
+
+    fn fail_binds(&mut self, why: &str) {
+        for r in std::mem::take(&mut self.binds) {
+            self.settle(r, Err(SessionError::BindFailed(why.to_owned())));
+        }
+    }
+
+    fn set_state(&mut self, state: SessionState) {
+        if state != self.state {
+            self.state = state.clone();
+            self.events.push_back(SessionEvent::StateChanged(state));
+        }
+    }
+
+    /// Stopped for good: every open request settles with `stopped`.
+    fn stop(&mut self, reason: String) {
+        self.link = Link::Stopped;
+        self.set_state(SessionState::Stopped {
+            reason: reason.clone(),
+        });
+        let mut open: Vec<u64> = std::mem::take(&mut self.binds);
+        open.extend(self.requests.drain().map(|(_, p)| p.request));
+        open.extend(self.outbound.drain(..).filter_map(|o| match o {
+            Outbound::Push(p) => Some(p.request),
+            Outbound::Ack(_) => None,
+        }));
+        open.sort_unstable();
+        for r in open {
+            self.settle(r, Err(SessionError::Stopped));
+        }
+        self.events.push_back(SessionEvent::Stopped { reason });
+    }
 
     fn alive(&self) -> Result<(), SessionError> {
         if matches!(self.link, Link::Stopped) {
@@ -600,9 +810,12 @@ impl Session {
         self.tried = 0;
         match &self.config.allocator_url {
             Some(url) => {
+                let url = url.clone();
                 self.link = Link::Fetching;
-                self.actions
-                    .push_back(Action::FetchServers { url: url.clone() });
+                self.set_state(SessionState::Connecting {
+                    address: url.clone(),
+                });
+                self.actions.push_back(Action::FetchServers { url });
             }
             None => self.open_next(now),
         }
@@ -619,6 +832,9 @@ impl Session {
             address: address.clone(),
             deadline: now + self.config.connect_timeout,
         };
+        self.set_state(SessionState::Connecting {
+            address: address.clone(),
+        });
         self.actions.push_back(Action::Open { address });
     }
 
@@ -637,9 +853,14 @@ impl Session {
 
     fn wait(&mut self, now: Instant, delay: Duration, reason: String) {
         self.link = Link::Waiting { at: now + delay };
+        let retry_in_ms = delay.as_millis() as u64;
+        self.set_state(SessionState::Disconnected {
+            reason: reason.clone(),
+            retry_in_ms,
+        });
         self.events.push_back(SessionEvent::Disconnected {
             reason,
-            retry_in_ms: delay.as_millis() as u64,
+            retry_in_ms,
         });
     }
 
@@ -669,11 +890,10 @@ impl Session {
                     Ok(id) if p.ack_mode != AckMode::None => {
                         self.requests.insert(id, p);
                     }
-                    Ok(_) => {}
-                    Err(e) => self.events.push_back(SessionEvent::PushFailed {
-                        request: p.request,
-                        error: SessionError::PushRejected(e.to_string()),
-                    }),
+                    Ok(_) => self.settle(p.request, Ok(())),
+                    Err(e) => {
+                        self.settle(p.request, Err(SessionError::PushRejected(e.to_string())))
+                    }
                 }
             }
             Outbound::Ack(token) => {
@@ -714,10 +934,16 @@ impl Session {
                     });
                     self.ticket = Some(t);
                 }
+                let v2 = profile == Profile::V2;
+                self.set_state(SessionState::Connected {
+                    address: address.clone(),
+                    resumed,
+                    v2,
+                });
                 self.events.push_back(SessionEvent::Connected {
                     address,
                     resumed,
-                    v2: profile == Profile::V2,
+                    v2,
                 });
                 if let (Some((u, t, k)), Link::Connected { conn, .. }) =
                     (self.user.clone(), &mut self.link)
@@ -735,6 +961,11 @@ impl Session {
                 });
             }
             ClientEvent::BindOk { user_id } => {
+                if self.user.as_ref().is_some_and(|(u, ..)| *u == user_id) {
+                    for r in std::mem::take(&mut self.binds) {
+                        self.settle(r, Ok(()));
+                    }
+                }
                 self.events.push_back(SessionEvent::BindResult {
                     user_id,
                     ok: true,
@@ -762,16 +993,14 @@ impl Session {
             }
             ClientEvent::PushAcked { request } => {
                 if let Some(p) = self.requests.remove(&request) {
-                    self.events
-                        .push_back(SessionEvent::PushAcked { request: p.request });
+                    self.settle(p.request, Ok(()));
                 }
             }
             ClientEvent::PushTimedOut { request } => {
                 if let Some(p) = self.requests.remove(&request) {
-                    self.events.push_back(SessionEvent::PushFailed {
-                        request: p.request,
-                        error: SessionError::RetryLater("no answer from the server in time".into()),
-                    });
+                    let error =
+                        SessionError::RetryLater("no answer from the server in time".into());
+                    self.settle(p.request, Err(error));
                 }
             }
             ClientEvent::PushRefused {
@@ -785,10 +1014,7 @@ impl Session {
                     } else {
                         SessionError::PushRejected(reason)
                     };
-                    self.events.push_back(SessionEvent::PushFailed {
-                        request: p.request,
-                        error,
-                    });
+                    self.settle(p.request, Err(error));
                 }
             }
             ClientEvent::Kicked { device_id, user_id } => {
@@ -799,6 +1025,7 @@ impl Session {
                     && self.user.as_ref().is_some_and(|(u, ..)| *u == user_id);
                 if ours {
                     self.user = None;
+                    self.fail_binds("kicked");
                 }
                 self.events
                     .push_back(SessionEvent::Kicked { device_id, user_id });
@@ -833,6 +1060,7 @@ impl Session {
                 } = &reason
                     && let Some((user_id, ..)) = self.user.take()
                 {
+                    self.fail_binds(why);
                     self.events.push_back(SessionEvent::BindResult {
                         user_id,
                         ok: false,
@@ -844,10 +1072,7 @@ impl Session {
                 if reconnect {
                     self.retry_later(now, format!("{reason:?}"));
                 } else {
-                    self.link = Link::Stopped;
-                    self.events.push_back(SessionEvent::Stopped {
-                        reason: format!("{reason:?}"),
-                    });
+                    self.stop(format!("{reason:?}"));
                 }
             }
             _ => {}

@@ -84,7 +84,8 @@ async fn listen_push_receive_over_tcp_and_websocket() {
         (ws, false),
     ] {
         let user = format!("u-{}-{v2}", addr.len());
-        let mut c = Client::connect(options(&addr, &format!("d-{user}"), v2));
+        let mut c =
+            Client::connect(options(&addr, &format!("d-{user}"), v2)).expect("valid options");
         c.bind(&user, "", "").await.expect("bind");
         let e = wait_for(&mut c, "connected", |e| {
             matches!(e, SessionEvent::Connected { .. })
@@ -121,7 +122,7 @@ async fn the_client_comes_back_by_itself_and_gets_what_was_pushed_while_away_exa
     std::fs::create_dir_all(&dir).expect("dir");
     let mut opts = options(&tcp.to_string(), "phone-1", true);
     opts.ticket_store = Some(Arc::new(FileTicketStore::new(dir.join("token.dat"))));
-    let mut c = Client::connect(opts);
+    let mut c = Client::connect(opts).expect("valid options");
     c.bind("zoe", "", "").await.expect("bind");
     wait_for(&mut c, "bound", |e| {
         matches!(e, SessionEvent::BindResult { ok: true, .. })
@@ -201,7 +202,8 @@ async fn an_unreachable_server_means_backoff_and_network_available_retries_at_on
         .and_then(|l| l.local_addr())
         .expect("port")
         .port();
-    let mut c = Client::connect(options(&format!("127.0.0.1:{port}"), "d", true));
+    let mut c =
+        Client::connect(options(&format!("127.0.0.1:{port}"), "d", true)).expect("valid options");
     let SessionEvent::Disconnected { retry_in_ms, .. } = wait_for(&mut c, "disconnected", |e| {
         matches!(e, SessionEvent::Disconnected { .. })
     })
@@ -239,7 +241,7 @@ async fn server_addresses_come_from_mpush_allocator() {
     let mut opts = options("unused:1", "alloc-1", false);
     opts.session.servers.clear();
     opts.session.allocator_url = Some(format!("http://{}/", server.http));
-    let mut c = Client::connect(opts);
+    let mut c = Client::connect(opts).expect("valid options");
     let SessionEvent::Connected { address, v2, .. } = wait_for(&mut c, "connected", |e| {
         matches!(e, SessionEvent::Connected { .. })
     })
@@ -254,5 +256,94 @@ async fn server_addresses_come_from_mpush_allocator() {
     );
     assert!(!v2, "legacy profile when not offering v2");
     c.close();
+    server.shutdown().await;
+}
+
+/// A server that takes the TCP connection and then says nothing: the
+/// WebSocket upgrade (the connect attempt) hangs until the connect timeout.
+#[tokio::test]
+async fn close_during_a_slow_connect_returns_at_once_and_fails_what_waits() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = silent.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut socks = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            socks.push(s);
+        }
+    });
+    let mut opts = options(&format!("ws://{addr}/"), "slow-1", true);
+    opts.session.connect_timeout = Duration::from_secs(60);
+    let mut c = Client::connect(opts).expect("valid options");
+    wait_for(
+        &mut c,
+        "connecting",
+        |e| matches!(e, SessionEvent::StateChanged(s) if s.name() == "connecting"),
+    )
+    .await;
+    // Commands are served while the attempt hangs.
+    assert_eq!(c.state().name(), "connecting");
+    let h = c.handle();
+    let bind = tokio::spawn(async move { h.bind("ann", "", "").await });
+    let h = c.handle();
+    let push = tokio::spawn(async move {
+        h.push(b"queued", mpush_protocol::session::AckMode::Auto)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = tokio::time::Instant::now();
+    c.close();
+    let bind = tokio::time::timeout(Duration::from_secs(2), bind)
+        .await
+        .expect("bind settles at once")
+        .expect("task");
+    let push = tokio::time::timeout(Duration::from_secs(2), push)
+        .await
+        .expect("push settles at once")
+        .expect("task");
+    assert_eq!(bind, Err(mpush_sdk_core::SessionError::Stopped));
+    assert_eq!(push, Err(mpush_sdk_core::SessionError::Stopped));
+    wait_for(&mut c, "stopped", |e| {
+        matches!(e, SessionEvent::Stopped { .. })
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "close did not wait for the 60 s connect attempt"
+    );
+    assert_eq!(c.state().name(), "closed");
+    held.abort();
+}
+
+#[tokio::test]
+async fn bind_resolves_when_the_server_accepted_and_invalid_options_are_refused() {
+    let server = start(settings("127.0.0.1:0", "", "127.0.0.1:0")).await;
+    let c = Client::connect(options(&server.tcp.to_string(), "b-1", true)).expect("valid");
+    // Made before the connection is up: resolves once the server bound it.
+    tokio::time::timeout(WAIT, c.bind("bea", "", ""))
+        .await
+        .expect("in time")
+        .expect("bound");
+    let u: Value = reqwest::get(format!("http://{}/api/v1/users/bea", server.http))
+        .await
+        .expect("user")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(u["online"], true, "{u}");
+    tokio::time::timeout(WAIT, c.unbind())
+        .await
+        .expect("in time")
+        .expect("unbound");
+    assert_eq!(c.state().name(), "connected");
+    drop(c);
+
+    let mut bad = options("not an address", "b-2", true);
+    bad.session.dedup_capacity = 0;
+    match Client::connect(bad) {
+        Err(e) => assert_eq!(e.code(), "invalid_input"),
+        Ok(_) => panic!("invalid options accepted"),
+    }
     server.shutdown().await;
 }

@@ -15,7 +15,7 @@ use mpush_protocol::server::{
 };
 use mpush_protocol::session::{AckMode, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
-use mpush_sdk_core::{Action, Session, SessionConfig, SessionError, SessionEvent};
+use mpush_sdk_core::{Action, Session, SessionConfig, SessionError, SessionEvent, SessionState};
 
 struct Net {
     now: Instant,
@@ -336,9 +336,15 @@ fn offline_pushes_and_acks_are_queued_and_flushed_in_order() {
         })
         .collect();
     assert_eq!(ups, vec![b"first".to_vec(), b"second".to_vec()]);
-    assert!(n.events.contains(&SessionEvent::PushAcked { request: r1 }));
+    assert!(n.events.contains(&SessionEvent::Settled {
+        request: r1,
+        result: Ok(())
+    }));
     assert_ne!(r1, r2);
-    assert_eq!(n.count(|e| matches!(e, SessionEvent::PushFailed { .. })), 0);
+    assert_eq!(
+        n.count(|e| matches!(e, SessionEvent::Settled { result: Err(_), .. })),
+        0
+    );
     // The new server had lost message 5's ACK and sends it again: the app
     // does not see it twice, and the session confirms it by itself.
     n.server_push(5, AckMode::Biz);
@@ -366,7 +372,10 @@ fn a_refused_up_push_fails_retryable_and_the_connection_stays() {
         .events
         .iter()
         .find_map(|e| match e {
-            SessionEvent::PushFailed { request, error } if *request == r => Some(error.clone()),
+            SessionEvent::Settled {
+                request,
+                result: Err(error),
+            } if *request == r => Some(error.clone()),
             _ => None,
         })
         .expect("refused");
@@ -377,7 +386,10 @@ fn a_refused_up_push_fails_retryable_and_the_connection_stays() {
     let r2 = n.session.push(b"fine", AckMode::Auto, now).expect("sent");
     n.pump();
     n.advance(Duration::from_secs(1));
-    assert!(n.events.contains(&SessionEvent::PushAcked { request: r2 }));
+    assert!(n.events.contains(&SessionEvent::Settled {
+        request: r2,
+        result: Ok(())
+    }));
     assert_eq!(
         n.count(|e| matches!(e, SessionEvent::Connected { .. })),
         1,
@@ -404,9 +416,15 @@ fn an_unanswered_up_push_is_sent_again_after_a_reconnect_with_its_id() {
     n.server_events.clear();
     n.up.insert("a:1".into());
     n.advance(Duration::from_secs(3));
-    assert_eq!(n.count(|e| matches!(e, SessionEvent::PushFailed { .. })), 0);
+    assert_eq!(
+        n.count(|e| matches!(e, SessionEvent::Settled { result: Err(_), .. })),
+        0
+    );
     assert_eq!(up_ids(&n), first, "sent again with the same message id");
-    assert!(!n.events.contains(&SessionEvent::PushAcked { request: r }));
+    assert!(!n.events.contains(&SessionEvent::Settled {
+        request: r,
+        result: Ok(())
+    }));
 }
 
 fn up_ids(n: &Net) -> Vec<Option<u64>> {
@@ -644,22 +662,196 @@ fn reconnects_wait_while_the_network_is_down_or_the_app_is_in_the_background() {
     assert!(n.session.is_connected());
 }
 
+/// The one (error, code) table every SDK checks: `sdk-core/testdata/error-codes.json`.
 #[test]
-fn every_session_error_has_a_stable_code() {
-    let codes: Vec<&str> = SessionError::every_kind()
+fn every_session_error_has_the_code_of_the_shared_table() {
+    let table: serde_json::Value =
+        serde_json::from_str(include_str!("../testdata/error-codes.json"))
+            .expect("error-codes.json");
+    let rows = table["errors"].as_array().expect("errors");
+    let all = SessionError::every_kind();
+    assert_eq!(rows.len(), all.len(), "one row per kind");
+    for (row, e) in rows.iter().zip(&all) {
+        let kind = format!("{e:?}");
+        assert!(
+            kind.starts_with(row["kind"].as_str().unwrap_or("?")),
+            "{kind} vs {row}"
+        );
+        assert_eq!(e.code(), row["code"], "{kind}");
+        assert_eq!(e.retryable(), row["retryable"], "{kind}");
+    }
+}
+
+fn settled(n: &Net, request: u64) -> Vec<Result<(), SessionError>> {
+    n.events
         .iter()
-        .map(SessionError::code)
-        .collect();
+        .filter_map(|e| match e {
+            SessionEvent::Settled { request: r, result } if *r == request => Some(result.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_bind_settles_once_when_the_server_answers_even_if_made_offline() {
+    let mut n = Net::new(&["a:1"], true);
+    n.up.clear();
+    n.session.handle_closed("gone", n.now);
+    n.pump();
+    let now = n.now;
+    let r = n.session.bind("ann", "", "", now).expect("bind");
+    n.pump();
+    assert!(settled(&n, r).is_empty(), "not before the server said so");
+    n.up.insert("a:1".into());
+    n.advance(Duration::from_secs(120));
+    assert_eq!(settled(&n, r), vec![Ok(())]);
+    // A reconnect re-binds, but the request stays settled once.
+    n.session.handle_closed("dropped", n.now);
+    n.advance(Duration::from_secs(120));
+    assert_eq!(settled(&n, r), vec![Ok(())]);
+}
+
+#[test]
+fn binds_fail_when_refused_replaced_unbound_or_closed() {
+    let mut n = Net::new(&["a:1"], true);
+    let now = n.now;
+    let refused = n.session.bind("refused-1", "", "", now).expect("bind");
+    n.pump();
+    assert!(matches!(
+        settled(&n, refused).as_slice(),
+        [Err(SessionError::BindFailed(why))] if !why.is_empty()
+    ));
+    n.advance(Duration::from_secs(120));
+
+    // A bind of another user replaces a pending one; an unbind fails it.
+    n.up.clear();
+    n.session.handle_closed("gone", n.now);
+    n.pump();
+    let now = n.now;
+    let first = n.session.bind("ann", "", "", now).expect("bind");
+    let again = n.session.bind("ann", "", "", now).expect("bind");
+    let other = n.session.bind("bob", "", "", now).expect("bind");
+    n.pump();
+    assert!(matches!(
+        settled(&n, first).as_slice(),
+        [Err(SessionError::BindFailed(_))]
+    ));
+    assert!(matches!(
+        settled(&n, again).as_slice(),
+        [Err(SessionError::BindFailed(_))]
+    ));
+    assert!(settled(&n, other).is_empty());
+    let unbind = n.session.unbind(now).expect("unbind");
+    n.pump();
+    assert!(matches!(
+        settled(&n, other).as_slice(),
+        [Err(SessionError::BindFailed(_))]
+    ));
+    assert_eq!(settled(&n, unbind), vec![Ok(())], "offline: at once");
+
+    // Closing settles every open request with `stopped`, once.
+    let pending_bind = n.session.bind("cat", "", "", now).expect("bind");
+    let pending_push = n.session.push(b"x", AckMode::Auto, now).expect("push");
+    n.session.close();
+    n.pump();
+    assert_eq!(settled(&n, pending_bind), vec![Err(SessionError::Stopped)]);
+    assert_eq!(settled(&n, pending_push), vec![Err(SessionError::Stopped)]);
     assert_eq!(
-        codes,
-        vec![
-            "queue_full",
-            "stopped",
-            "unknown_ack",
-            "retry_later",
-            "push_rejected"
-        ]
+        n.session.bind("dan", "", "", now),
+        Err(SessionError::Stopped)
     );
+    assert!(matches!(
+        n.session.bind("", "", "", now),
+        Err(SessionError::Stopped | SessionError::InvalidInput(_))
+    ));
+}
+
+#[test]
+fn the_state_is_queryable_and_every_change_is_an_event_before_its_detail() {
+    let mut n = Net::new(&["a:1"], true);
+    assert_eq!(n.session.state().name(), "connected");
+    let states: Vec<&'static str> = n
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::StateChanged(s) => Some(s.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(states.last(), Some(&"connected"), "{states:?}");
+    assert!(states.contains(&"connecting"));
+    // `StateChanged` comes right before the event it sums up.
+    let i = n
+        .events
+        .iter()
+        .position(|e| matches!(e, SessionEvent::Connected { .. }))
+        .expect("connected");
+    assert!(matches!(
+        &n.events[i - 1],
+        SessionEvent::StateChanged(SessionState::Connected { address, .. }) if address == "a:1"
+    ));
+    n.session.handle_closed("dropped", n.now);
+    n.pump();
+    assert!(matches!(
+        n.session.state(),
+        SessionState::Disconnected { reason, .. } | SessionState::Connecting { address: reason } if !reason.is_empty()
+    ));
+    n.session.close();
+    n.pump();
+    assert_eq!(n.session.state().name(), "closed");
+}
+
+#[test]
+fn validate_names_the_bad_setting() {
+    let key = Arc::new(default_key().public());
+    let good = SessionConfig::new(vec!["127.0.0.1:3000".into()], key, test_device());
+    assert_eq!(good.validate(), Ok(()));
+    type Breaker = Box<dyn Fn(&mut SessionConfig)>;
+    let cases: Vec<(&str, Breaker)> = vec![
+        ("servers or allocator_url", Box::new(|c| c.servers.clear())),
+        ("servers", Box::new(|c| c.servers = vec!["nonsense".into()])),
+        ("servers", Box::new(|c| c.servers = vec!["ws://".into()])),
+        (
+            "allocator_url",
+            Box::new(|c| c.allocator_url = Some("ftp://x".into())),
+        ),
+        ("device_id", Box::new(|c| c.device.device_id.clear())),
+        (
+            "heartbeat",
+            Box::new(|c| c.heartbeat = Duration::from_millis(10)),
+        ),
+        (
+            "connect_timeout",
+            Box::new(|c| c.connect_timeout = Duration::ZERO),
+        ),
+        ("backoff", Box::new(|c| c.backoff.max = Duration::ZERO)),
+        ("backoff", Box::new(|c| c.backoff.jitter = 2.0)),
+        ("dedup_capacity", Box::new(|c| c.dedup_capacity = 0)),
+        (
+            "outbound_capacity",
+            Box::new(|c| c.outbound_capacity = usize::MAX),
+        ),
+    ];
+    for (name, break_it) in cases {
+        let mut c = good.clone();
+        break_it(&mut c);
+        match c.validate() {
+            Err(e @ SessionError::InvalidInput(_)) => {
+                assert_eq!(e.code(), "invalid_input");
+                assert!(e.to_string().contains(name), "{e} should name {name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    for ok in [
+        "tls://push.example.com:3443",
+        "wss://push.example.com/ws",
+        "[::1]:3000",
+    ] {
+        let mut c = good.clone();
+        c.servers = vec![ok.into()];
+        assert_eq!(c.validate(), Ok(()), "{ok}");
+    }
 }
 
 #[test]

@@ -307,7 +307,8 @@ async fn a_killed_node_clients_move_and_messages_meanwhile_arrive_once() {
         let mut c = Client::connect(ClientOptions {
             session: cfg,
             ticket_store: None,
-        });
+        })
+        .expect("valid options");
         c.bind(user, "", "").await.expect("bind");
         wait_sdk(&mut c, "bound on K", |e| {
             matches!(e, SessionEvent::BindResult { ok: true, .. })
@@ -402,7 +403,8 @@ async fn a_draining_node_leaves_first_and_sends_v2_clients_to_another_node() {
     let mut c = Client::connect(ClientOptions {
         session: cfg,
         ticket_store: None,
-    });
+    })
+    .expect("valid options");
     c.bind("dana", "", "").await.expect("bind");
     wait_sdk(&mut c, "bound on B", |e| {
         matches!(e, SessionEvent::BindResult { ok: true, .. })
@@ -915,7 +917,8 @@ async fn unacked_messages_on_a_killed_node_reach_the_user_on_the_next_node_once(
     let mut c = Client::connect(ClientOptions {
         session: cfg,
         ticket_store: None,
-    });
+    })
+    .expect("valid options");
     c.bind("una", "", "").await.expect("bind");
     wait_sdk(&mut c, "bound on K", |e| {
         matches!(e, SessionEvent::BindResult { ok: true, .. })

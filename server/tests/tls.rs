@@ -43,6 +43,7 @@ fn client(address: String, pin: &str, device_id: &str) -> Client {
         session: cfg,
         ticket_store: None,
     })
+    .expect("valid options")
 }
 
 async fn next(c: &mut Client, what: &str, f: impl Fn(&SessionEvent) -> bool) -> SessionEvent {
@@ -146,6 +147,7 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
             session: cfg,
             ticket_store: None,
         })
+        .expect("valid options")
     };
     let connected = next(&mut via_alloc, "connected through the allocator", |e| {
         matches!(e, SessionEvent::Connected { .. })

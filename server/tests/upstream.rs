@@ -183,7 +183,8 @@ async fn sdk_client(address: String, device_id: &str, user: &str) -> Client {
     let c = Client::connect(ClientOptions {
         session: cfg,
         ticket_store: None,
-    });
+    })
+    .expect("valid options");
     c.bind(user, "", "").await.expect("bind");
     c
 }

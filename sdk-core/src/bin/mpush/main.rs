@@ -521,6 +521,20 @@ async fn follow_trace(url: &str, token: Option<String>, limit: Duration) -> Exit
     }
 }
 
+/// Binds in the background: the caller reads the events meanwhile (the
+/// bind resolves only once connected, and says how it went in `BindResult`).
+fn start_bind(client: &Client, user: &str, tags: &str, token: &str) {
+    let (h, user, tags, token) = (
+        client.handle(),
+        user.to_owned(),
+        tags.to_owned(),
+        token.to_owned(),
+    );
+    tokio::spawn(async move {
+        let _ = h.bind(&user, &tags, &token).await;
+    });
+}
+
 /// Sends each message up in order; prints `{"content", "accepted"}` per
 /// accepted message; stops at the first refusal (exit 5 when retryable).
 async fn send(
@@ -530,10 +544,11 @@ async fn send(
     token: &str,
     contents: Vec<String>,
 ) -> ExitCode {
-    let mut client = Client::connect(options);
-    if let Err(e) = client.bind(user, tags, token).await {
-        return fail(1, &e.to_string());
-    }
+    let mut client = match Client::connect(options) {
+        Ok(c) => c,
+        Err(e) => return fail(2, &e.to_string()),
+    };
+    start_bind(&client, user, tags, token);
     // Wait for the bind's answer (the session binds as soon as it connects).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let mut failures = 0;
@@ -578,10 +593,11 @@ async fn listen(
     token: &str,
     count: Option<usize>,
 ) -> ExitCode {
-    let mut client = Client::connect(options);
-    if let Err(e) = client.bind(user, tags, token).await {
-        return fail(1, &e.to_string());
-    }
+    let mut client = match Client::connect(options) {
+        Ok(c) => c,
+        Err(e) => return fail(2, &e.to_string()),
+    };
+    start_bind(&client, user, tags, token);
     let mut seen = 0;
     let mut ever_connected = false;
     let mut failures = 0;
