@@ -22,9 +22,10 @@ use crate::session::{
 
 /// Where the resume ticket persists: a file (`FileTicketStore`), or what
 /// the platform offers (SharedPreferences, Keychain) through the bindings.
+/// A failure of either becomes a `SessionEvent::Error` (code `storage`).
 pub trait TicketStore: Send + Sync + 'static {
     /// The saved ticket, if any.
-    fn load(&self) -> Option<String>;
+    fn load(&self) -> Result<Option<String>, String>;
     /// Saves a ticket; empty means forget the saved one.
     fn save(&self, ticket: &str) -> Result<(), String>;
 }
@@ -40,11 +41,13 @@ impl FileTicketStore {
         Self { path: path.into() }
     }
 
-    pub fn load(&self) -> Option<String> {
-        std::fs::read_to_string(&self.path)
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
+    /// The saved ticket; no file is `None`, an unreadable one an error.
+    pub fn load(&self) -> std::io::Result<Option<String>> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(s) => Ok(Some(s.trim().to_owned()).filter(|s| !s.is_empty())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Saves a ticket; an empty one deletes the file.
@@ -61,8 +64,8 @@ impl FileTicketStore {
 }
 
 impl TicketStore for FileTicketStore {
-    fn load(&self) -> Option<String> {
-        FileTicketStore::load(self)
+    fn load(&self) -> Result<Option<String>, String> {
+        FileTicketStore::load(self).map_err(|e| format!("{}: {e}", self.path.display()))
     }
 
     fn save(&self, ticket: &str) -> Result<(), String> {
@@ -122,6 +125,8 @@ pub struct ClientHandle {
     /// `close()` does not queue behind commands or a connect attempt.
     close: Arc<watch::Sender<bool>>,
     state: watch::Receiver<SessionState>,
+    /// Closed (its sender dropped) when the driver task ends.
+    done: watch::Receiver<()>,
 }
 
 impl Client {
@@ -136,12 +141,17 @@ impl Client {
         let (state_tx, state_rx) = watch::channel(SessionState::Connecting {
             address: String::new(),
         });
-        tokio::spawn(run(options, cmd_rx, close_rx, state_tx, ev_tx));
+        let (done_tx, done_rx) = watch::channel(());
+        tokio::spawn(async move {
+            run(options, cmd_rx, close_rx, state_tx, ev_tx).await;
+            drop(done_tx);
+        });
         Ok(Self {
             handle: ClientHandle {
                 cmds: cmd_tx,
                 close: Arc::new(close_tx),
                 state: state_rx,
+                done: done_rx,
             },
             events: ev_rx,
         })
@@ -220,6 +230,14 @@ impl ClientHandle {
     /// Where the session is now (`StateChanged` events tell each change).
     pub fn state(&self) -> SessionState {
         self.state.borrow().clone()
+    }
+
+    /// Resolves once the session has stopped (after `close()`, or refused
+    /// for good by the server) and its driver has handed over its last
+    /// events (or has no reader left).
+    pub async fn stopped(&self) {
+        let mut done = self.done.clone();
+        while done.changed().await.is_ok() {}
     }
 
     /// Stops for good, at once: a connect attempt in progress is dropped and
@@ -447,7 +465,19 @@ async fn run(
     state: watch::Sender<SessionState>,
     events: mpsc::Sender<SessionEvent>,
 ) {
-    let ticket = options.ticket_store.as_ref().and_then(|s| s.load());
+    // Events the app has not taken yet (see EVENT_CAPACITY).
+    let mut backlog: std::collections::VecDeque<SessionEvent> = std::collections::VecDeque::new();
+    let storage_error = |e: String| SessionEvent::Error {
+        error: SessionError::Storage(e),
+    };
+    let ticket = match options.ticket_store.as_ref().map(|s| s.load()) {
+        Some(Ok(t)) => t,
+        Some(Err(e)) => {
+            backlog.push_back(storage_error(e));
+            None
+        }
+        None => None,
+    };
     // A bad pinned certificate fails every TLS connect (and says why); plain
     // addresses still work.
     let tls = tls_config(options.session.tls_pinned_cert_pem.as_deref());
@@ -466,8 +496,6 @@ async fn run(
     let mut buf = vec![0u8; 16 * 1024];
     // Callers waiting for their request's `Settled`, by request id.
     let mut waiters: std::collections::HashMap<u64, Reply> = std::collections::HashMap::new();
-    // Events the app has not taken yet (see EVENT_CAPACITY).
-    let mut backlog: std::collections::VecDeque<SessionEvent> = std::collections::VecDeque::new();
     loop {
         while let Some(a) = session.poll_action() {
             match a {
@@ -521,8 +549,10 @@ async fn run(
         while let Some(e) = session.poll_event() {
             match &e {
                 SessionEvent::TicketUpdated { ticket } => {
-                    if let Some(store) = &options.ticket_store {
-                        let _ = store.save(ticket);
+                    if let Some(store) = &options.ticket_store
+                        && let Err(e) = store.save(ticket)
+                    {
+                        backlog.push_back(storage_error(e));
                     }
                 }
                 SessionEvent::Settled { request, result } => {

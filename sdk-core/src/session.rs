@@ -252,6 +252,11 @@ pub enum SessionEvent {
         request: u64,
         result: Result<(), SessionError>,
     },
+    /// Something the app should know that no request names (the ticket
+    /// store failed, say). The session goes on. Raised by drivers.
+    Error {
+        error: SessionError,
+    },
     /// The session will not reconnect (closed by the app, or refused for good).
     Stopped {
         reason: String,

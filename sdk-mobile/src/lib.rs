@@ -9,24 +9,22 @@
 //! resume ticket persists through a [`SessionStore`] the app implements
 //! (SharedPreferences, Keychain). Errors are one enum with stable codes.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mpush_protocol::backoff::BackoffConfig;
 use mpush_protocol::crypto::RsaPublic;
 use mpush_protocol::session::{AckMode, DeviceInfo};
 use mpush_sdk_core::native::{Client, ClientHandle, ClientOptions, TicketStore};
-use mpush_sdk_core::{SessionConfig, SessionError, SessionEvent};
+use mpush_sdk_core::{SessionConfig, SessionError, SessionEvent, SessionState};
 use tokio::runtime::Runtime;
-use tokio::sync::{mpsc, oneshot};
 
 uniffi::setup_scaffolding!();
 
 /// How long `shutdown()` waits for the session to say goodbye to the server.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-/// Every failure, with a stable `code()` shared with the other SDKs.
+/// Every failure: one kind per `SessionError` kind of the core, whose
+/// `code()` and `retryable()` it reports (the same strings in every SDK).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
 pub enum PushError {
     #[error("the offline queue is full ({capacity} items)")]
@@ -35,10 +33,6 @@ pub enum PushError {
     Stopped,
     #[error("unknown ack id {id}")]
     UnknownAck { id: u64 },
-    #[error("invalid input: {reason}")]
-    InvalidInput { reason: String },
-    #[error("the server refused the bind: {reason}")]
-    BindFailed { reason: String },
     /// The server could not take the up-push now (its sinks are full, the
     /// client is over its rate) or did not answer in time: retry later.
     #[error("retry later: {reason}")]
@@ -46,44 +40,72 @@ pub enum PushError {
     /// The server will not take the up-push as sent (e.g. not bound).
     #[error("the server rejected the push: {reason}")]
     PushRejected { reason: String },
+    #[error("invalid input: {reason}")]
+    InvalidInput { reason: String },
+    #[error("bind failed: {reason}")]
+    BindFailed { reason: String },
+    /// A call before `connect()`.
+    #[error("not started: call connect() first")]
+    NotStarted,
     #[error("storage: {reason}")]
     Storage { reason: String },
+    #[error("a callback failed: {reason}")]
+    Callback { reason: String },
+    #[error("events dropped: a reader is not keeping up")]
+    EventsOverflow,
 }
 
 #[uniffi::export]
 impl PushError {
     /// Trying the same again later may work.
     pub fn retryable(&self) -> bool {
-        matches!(self, Self::QueueFull { .. } | Self::RetryLater { .. })
+        SessionError::from(self.clone()).retryable()
     }
 
-    /// `queue_full`, `stopped`, `unknown_ack`, `invalid_input`, `bind_failed`,
-    /// `retry_later`, `push_rejected` or `storage`.
+    /// The core's code: `queue_full`, `stopped`, `unknown_ack`,
+    /// `retry_later`, `push_rejected`, `invalid_input`, `bind_failed`,
+    /// `invalid_state`, `storage`, `callback` or `events_overflow`.
     pub fn code(&self) -> String {
-        match self {
-            Self::QueueFull { .. } => "queue_full",
-            Self::Stopped => "stopped",
-            Self::UnknownAck { .. } => "unknown_ack",
-            Self::InvalidInput { .. } => "invalid_input",
-            Self::BindFailed { .. } => "bind_failed",
-            Self::RetryLater { .. } => "retry_later",
-            Self::PushRejected { .. } => "push_rejected",
-            Self::Storage { .. } => "storage",
-        }
-        .to_owned()
+        SessionError::from(self.clone()).code().to_owned()
     }
 }
 
 impl From<SessionError> for PushError {
     fn from(e: SessionError) -> Self {
+        use SessionError as S;
         match e {
-            SessionError::QueueFull(n) => Self::QueueFull { capacity: n as u64 },
-            SessionError::UnknownAck(id) => Self::UnknownAck { id },
-            SessionError::RetryLater(reason) => Self::RetryLater { reason },
-            SessionError::PushRejected(reason) => Self::PushRejected { reason },
-            // `Stopped`, and any kind a newer core adds (the test below
-            // checks that every kind known today keeps its own code).
+            S::QueueFull(n) => Self::QueueFull { capacity: n as u64 },
+            S::UnknownAck(id) => Self::UnknownAck { id },
+            S::RetryLater(reason) => Self::RetryLater { reason },
+            S::PushRejected(reason) => Self::PushRejected { reason },
+            S::InvalidInput(reason) => Self::InvalidInput { reason },
+            S::BindFailed(reason) => Self::BindFailed { reason },
+            S::NotStarted => Self::NotStarted,
+            S::Storage(reason) => Self::Storage { reason },
+            S::Callback(reason) => Self::Callback { reason },
+            S::EventsOverflow => Self::EventsOverflow,
+            // `Stopped`, and any kind a newer core adds (the shared table
+            // test fails until it has its own).
             _ => Self::Stopped,
+        }
+    }
+}
+
+impl From<PushError> for SessionError {
+    fn from(e: PushError) -> Self {
+        use PushError as P;
+        match e {
+            P::QueueFull { capacity } => Self::QueueFull(capacity as usize),
+            P::Stopped => Self::Stopped,
+            P::UnknownAck { id } => Self::UnknownAck(id),
+            P::RetryLater { reason } => Self::RetryLater(reason),
+            P::PushRejected { reason } => Self::PushRejected(reason),
+            P::InvalidInput { reason } => Self::InvalidInput(reason),
+            P::BindFailed { reason } => Self::BindFailed(reason),
+            P::NotStarted => Self::NotStarted,
+            P::Storage { reason } => Self::Storage(reason),
+            P::Callback { reason } => Self::Callback(reason),
+            P::EventsOverflow => Self::EventsOverflow,
         }
     }
 }
@@ -91,8 +113,19 @@ impl From<SessionError> for PushError {
 /// An exception thrown by the app's `SessionStore` or `PushListener`.
 impl From<uniffi::UnexpectedUniFFICallbackError> for PushError {
     fn from(e: uniffi::UnexpectedUniFFICallbackError) -> Self {
-        Self::Storage { reason: e.reason }
+        Self::Callback { reason: e.reason }
     }
+}
+
+/// One error of every kind, as this binding hands them to the app, in the
+/// order of `sdk-core/testdata/error-codes.json` (which the Kotlin and
+/// Python tests check against it).
+#[uniffi::export]
+pub fn error_table() -> Vec<PushError> {
+    SessionError::every_kind()
+        .into_iter()
+        .map(PushError::from)
+        .collect()
 }
 
 /// Who the client is and where it connects.
@@ -117,18 +150,20 @@ pub struct PushConfig {
     /// Offer the v2 profile (a legacy mpush server ignores the offer).
     #[uniffi(default = true)]
     pub offer_v2: bool,
-    #[uniffi(default = 240000)]
-    pub heartbeat_ms: u64,
-    #[uniffi(default = 10000)]
-    pub connect_timeout_ms: u64,
-    #[uniffi(default = 1000)]
-    pub backoff_initial_ms: u64,
-    #[uniffi(default = 60000)]
-    pub backoff_max_ms: u64,
-    #[uniffi(default = 1024)]
-    pub dedup_capacity: u32,
-    #[uniffi(default = 256)]
-    pub outbound_capacity: u32,
+    /// The tunables below: `None` takes the core's default
+    /// (`SessionConfig::new`); every value is checked by `SessionConfig::validate`.
+    #[uniffi(default = None)]
+    pub heartbeat_ms: Option<u64>,
+    #[uniffi(default = None)]
+    pub connect_timeout_ms: Option<u64>,
+    #[uniffi(default = None)]
+    pub backoff_initial_ms: Option<u64>,
+    #[uniffi(default = None)]
+    pub backoff_max_ms: Option<u64>,
+    #[uniffi(default = None)]
+    pub dedup_capacity: Option<u32>,
+    #[uniffi(default = None)]
+    pub outbound_capacity: Option<u32>,
     /// For `tls://` and `wss://` servers (and an `https://` allocator): trust
     /// only this PEM certificate (a private deployment); default: the webpki
     /// roots.
@@ -149,8 +184,33 @@ pub struct PushMessage {
     pub needs_ack: bool,
 }
 
+/// Where the client is (`PushClient::state()`); `Idle` before `connect()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum ConnectionState {
+    Idle,
+    Connecting,
+    Connected,
+    Disconnected,
+    Closed,
+}
+
+impl From<&SessionState> for ConnectionState {
+    fn from(s: &SessionState) -> Self {
+        match s {
+            SessionState::Connecting { .. } => Self::Connecting,
+            SessionState::Connected { .. } => Self::Connected,
+            SessionState::Disconnected { .. } => Self::Disconnected,
+            SessionState::Stopped { .. } => Self::Closed,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
 pub enum PushEvent {
+    /// Every change of `PushClient::state()`, before its detail event.
+    StateChanged {
+        state: ConnectionState,
+    },
     Connected {
         address: String,
         resumed: bool,
@@ -232,47 +292,20 @@ impl SessionStore for MemorySessionStore {
     }
 }
 
-/// The app's store as the core's `TicketStore`; its failures become events.
-struct StoreAdapter {
-    store: Arc<dyn SessionStore>,
-    errors: mpsc::UnboundedSender<PushError>,
-}
+/// The app's store as the core's `TicketStore` (whose failures the core
+/// reports as `Error` events).
+struct StoreAdapter(Arc<dyn SessionStore>);
 
 impl TicketStore for StoreAdapter {
-    fn load(&self) -> Option<String> {
-        match self.store.load() {
-            Ok(t) => t.filter(|t| !t.is_empty()),
-            Err(e) => {
-                let _ = self.errors.send(e);
-                None
-            }
-        }
+    fn load(&self) -> Result<Option<String>, String> {
+        self.0
+            .load()
+            .map(|t| t.filter(|t| !t.is_empty()))
+            .map_err(|e| e.to_string())
     }
 
     fn save(&self, ticket: &str) -> Result<(), String> {
-        self.store.save(ticket.to_owned()).map_err(|e| {
-            let reason = e.to_string();
-            let _ = self.errors.send(e);
-            reason
-        })
-    }
-}
-
-type Reply = oneshot::Sender<Result<(), PushError>>;
-
-/// Calls waiting for the server's answer.
-#[derive(Default)]
-struct Waiters {
-    binds: HashMap<String, Vec<Reply>>,
-    stopped: bool,
-}
-
-impl Waiters {
-    fn stop(&mut self) {
-        self.stopped = true;
-        for tx in self.binds.drain().flat_map(|(_, v)| v) {
-            let _ = tx.send(Err(PushError::Stopped));
-        }
+        self.0.save(ticket.to_owned()).map_err(|e| e.to_string())
     }
 }
 
@@ -280,49 +313,32 @@ enum Phase {
     Ready(Box<ClientOptions>),
     Running {
         handle: ClientHandle,
-        done: oneshot::Receiver<()>,
+        runtime: Runtime,
+        /// The task that calls the listener, if there is one.
+        listener: Option<tokio::task::JoinHandle<()>>,
     },
     Closed,
-}
-
-struct State {
-    phase: Phase,
-    runtime: Option<Runtime>,
 }
 
 /// The push client. `connect()` starts it; it reconnects by itself until `shutdown()`.
 #[derive(uniffi::Object)]
 pub struct PushClient {
-    state: Mutex<State>,
-    waiters: Arc<Mutex<Waiters>>,
+    phase: Mutex<Phase>,
     listener: Option<Arc<dyn PushListener>>,
-    events_tx: Mutex<Option<mpsc::UnboundedSender<PushEvent>>>,
-    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<PushEvent>>,
-    store_errors: Mutex<Option<mpsc::UnboundedReceiver<PushError>>>,
+    /// The core client, for `next_event` (without a listener); `None`
+    /// before `connect()` and after the last event.
+    events: tokio::sync::Mutex<Option<Client>>,
+    /// Tells a waiting `next_event` that `connect()` or `shutdown()` happened.
+    started: tokio::sync::watch::Sender<bool>,
 }
 
 fn session_config(c: &PushConfig) -> Result<SessionConfig, PushError> {
-    if c.servers.is_empty() && c.allocator_url.is_none() {
-        return Err(PushError::InvalidInput {
-            reason: "servers or allocator_url is required".into(),
-        });
-    }
-    if c.device_id.is_empty() {
-        return Err(PushError::InvalidInput {
-            reason: "device_id must not be empty".into(),
-        });
-    }
     let key = match &c.public_key {
         Some(k) => RsaPublic::from_text(k).map_err(|e| PushError::InvalidInput {
             reason: format!("public_key: {e}"),
         })?,
         None => RsaPublic::mpush_default(),
     };
-    if c.backoff_initial_ms == 0 || c.backoff_max_ms < c.backoff_initial_ms {
-        return Err(PushError::InvalidInput {
-            reason: "backoff: 0 < backoff_initial_ms <= backoff_max_ms".into(),
-        });
-    }
     let mut s = SessionConfig::new(
         c.servers.clone(),
         Arc::new(key),
@@ -333,23 +349,25 @@ fn session_config(c: &PushConfig) -> Result<SessionConfig, PushError> {
             client_version: c.client_version.clone(),
         },
     );
+    let ms = Duration::from_millis;
     s.allocator_url = c.allocator_url.clone();
     s.offer_v2 = c.offer_v2;
-    s.heartbeat = Duration::from_millis(c.heartbeat_ms.max(1000));
-    s.connect_timeout = Duration::from_millis(c.connect_timeout_ms.max(100));
-    s.backoff = BackoffConfig {
-        initial: Duration::from_millis(c.backoff_initial_ms),
-        max: Duration::from_millis(c.backoff_max_ms),
-        ..BackoffConfig::default()
-    };
-    s.dedup_capacity = c.dedup_capacity.max(1) as usize;
-    s.outbound_capacity = c.outbound_capacity.max(1) as usize;
+    s.heartbeat = c.heartbeat_ms.map_or(s.heartbeat, ms);
+    s.connect_timeout = c.connect_timeout_ms.map_or(s.connect_timeout, ms);
+    s.backoff.initial = c.backoff_initial_ms.map_or(s.backoff.initial, ms);
+    s.backoff.max = c.backoff_max_ms.map_or(s.backoff.max, ms);
+    s.dedup_capacity = c.dedup_capacity.map_or(s.dedup_capacity, |n| n as usize);
+    s.outbound_capacity = c
+        .outbound_capacity
+        .map_or(s.outbound_capacity, |n| n as usize);
     s.tls_pinned_cert_pem = c.tls_pinned_cert_pem.clone();
+    s.validate()?;
     Ok(s)
 }
 
 fn to_event(e: SessionEvent) -> Option<PushEvent> {
     Some(match e {
+        SessionEvent::StateChanged(s) => PushEvent::StateChanged { state: (&s).into() },
         SessionEvent::Connected {
             address,
             resumed,
@@ -382,6 +400,9 @@ fn to_event(e: SessionEvent) -> Option<PushEvent> {
         SessionEvent::BindResult {
             user_id, reason, ..
         } => PushEvent::BindFailed { user_id, reason },
+        SessionEvent::Error { error } => PushEvent::Error {
+            error: error.into(),
+        },
         SessionEvent::Stopped { reason } => PushEvent::Stopped { reason },
         _ => return None,
     })
@@ -389,9 +410,10 @@ fn to_event(e: SessionEvent) -> Option<PushEvent> {
 
 #[uniffi::export]
 impl PushClient {
-    /// Checks the config; nothing connects before `connect()`. `store` keeps
-    /// the resume ticket (none: memory only); `listener` gets every event
-    /// (none: read them with `next_event()`).
+    /// Checks the config (`invalid_input` names the bad field); nothing
+    /// connects before `connect()`. `store` keeps the resume ticket (none:
+    /// memory only); `listener` gets every event (none: read them with
+    /// `next_event()`).
     #[uniffi::constructor]
     pub fn new(
         config: PushConfig,
@@ -399,45 +421,26 @@ impl PushClient {
         listener: Option<Arc<dyn PushListener>>,
     ) -> Result<Arc<Self>, PushError> {
         let session = session_config(&config)?;
-        let (err_tx, err_rx) = mpsc::unbounded_channel();
-        let ticket_store = store.map(|store| {
-            Arc::new(StoreAdapter {
-                store,
-                errors: err_tx,
-            }) as Arc<dyn TicketStore>
-        });
-        let (tx, rx) = mpsc::unbounded_channel();
+        let ticket_store = store.map(|s| Arc::new(StoreAdapter(s)) as Arc<dyn TicketStore>);
         Ok(Arc::new(Self {
-            state: Mutex::new(State {
-                phase: Phase::Ready(Box::new(ClientOptions {
-                    session,
-                    ticket_store,
-                })),
-                runtime: None,
-            }),
-            waiters: Arc::new(Mutex::new(Waiters::default())),
+            phase: Mutex::new(Phase::Ready(Box::new(ClientOptions {
+                session,
+                ticket_store,
+            }))),
             listener,
-            events_tx: Mutex::new(Some(tx)),
-            events: tokio::sync::Mutex::new(rx),
-            store_errors: Mutex::new(Some(err_rx)),
+            events: tokio::sync::Mutex::new(None),
+            started: tokio::sync::watch::Sender::new(false),
         }))
     }
 
     /// Starts connecting (and reconnecting until `shutdown()`). Watch for
-    /// `PushEvent::Connected`. A second call does nothing.
+    /// `PushEvent::Connected`, or just call `bind`. A second call does nothing.
     pub fn connect(&self) -> Result<(), PushError> {
-        let mut st = self.state.lock().map_err(|_| PushError::Stopped)?;
-        let options = match std::mem::replace(&mut st.phase, Phase::Closed) {
-            Phase::Ready(o) => o,
-            other => {
-                let closed = matches!(other, Phase::Closed);
-                st.phase = other;
-                return if closed {
-                    Err(PushError::Stopped)
-                } else {
-                    Ok(())
-                };
-            }
+        let mut phase = self.phase.lock().map_err(|_| PushError::Stopped)?;
+        let options = match &*phase {
+            Phase::Ready(o) => o.clone(),
+            Phase::Running { .. } => return Ok(()),
+            Phase::Closed => return Err(PushError::Stopped),
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -448,60 +451,64 @@ impl PushClient {
             .map_err(|e| PushError::InvalidInput {
                 reason: format!("cannot start the SDK's runtime: {e}"),
             })?;
-        let client = {
+        let mut client = {
             let _guard = runtime.enter();
-            Client::connect(*options)
+            Client::connect(*options)?
         };
         let handle = client.handle();
-        let (done_tx, done_rx) = oneshot::channel();
-        let events_tx = self.events_tx.lock().ok().and_then(|mut t| t.take());
-        let store_errors = self.store_errors.lock().ok().and_then(|mut r| r.take());
-        runtime.spawn(forward(
-            client,
-            store_errors,
-            self.listener.clone(),
-            events_tx,
-            self.waiters.clone(),
-            done_tx,
-        ));
-        st.phase = Phase::Running {
-            handle,
-            done: done_rx,
+        let listener = match self.listener.clone() {
+            // Every event on the SDK's thread; a throwing listener does not
+            // stop the client.
+            Some(l) => Some(runtime.spawn(async move {
+                while let Some(e) = client.next_event().await {
+                    if let Some(e) = to_event(e) {
+                        let _ = l.on_event(e);
+                    }
+                }
+            })),
+            None => {
+                if let Ok(mut slot) = self.events.try_lock() {
+                    *slot = Some(client);
+                }
+                None
+            }
         };
-        st.runtime = Some(runtime);
+        *phase = Phase::Running {
+            handle,
+            runtime,
+            listener,
+        };
+        self.started.send_replace(true);
         Ok(())
     }
 
+    /// Where the client is: `Idle` before `connect()`, then as the
+    /// `StateChanged` events tell.
+    pub fn state(&self) -> ConnectionState {
+        match self.phase.lock().as_deref() {
+            Ok(Phase::Running { handle, .. }) => (&handle.state()).into(),
+            Ok(Phase::Ready(_)) => ConnectionState::Idle,
+            _ => ConnectionState::Closed,
+        }
+    }
+
     /// Binds a user (re-bound after every reconnect). Returns when the server
-    /// accepted it; `BindFailed` when it refused.
+    /// accepted it; `BindFailed` when it refused (or a newer bind or an
+    /// unbind replaced it).
     pub async fn bind(
         &self,
         user_id: String,
         tags: Vec<String>,
         token: Option<String>,
     ) -> Result<(), PushError> {
-        if user_id.is_empty() {
-            return Err(PushError::InvalidInput {
-                reason: "user_id must not be empty".into(),
-            });
-        }
-        let handle = self.handle()?;
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut w = self.waiters.lock().map_err(|_| PushError::Stopped)?;
-            if w.stopped {
-                return Err(PushError::Stopped);
-            }
-            w.binds.entry(user_id.clone()).or_default().push(tx);
-        }
-        handle
-            .bind(&user_id, &tags.join(","), token.as_deref().unwrap_or(""))
-            .await?;
-        rx.await.unwrap_or(Err(PushError::Stopped))
+        let h = self.handle()?;
+        let token = token.unwrap_or_default();
+        Ok(h.bind(&user_id, &tags.join(","), &token).await?)
     }
 
-    pub fn unbind(&self) -> Result<(), PushError> {
-        Ok(self.handle()?.unbind()?)
+    /// Forgets the user (no more re-binds); returns once the server was told.
+    pub async fn unbind(&self) -> Result<(), PushError> {
+        Ok(self.handle()?.unbind().await?)
     }
 
     /// Acknowledges a BIZ message the app has handled (`message.id`); queued
@@ -515,11 +522,8 @@ impl PushClient {
     /// server accepted it (handed it to the backend's sinks); throws
     /// `RetryLater` (retryable) or `PushRejected`.
     pub async fn push(&self, content: Vec<u8>, ack: bool) -> Result<(), PushError> {
-        let handle = self.handle()?;
         let mode = if ack { AckMode::Auto } else { AckMode::None };
-        // The core's driver settles it: accepted by the server, or a typed
-        // error (`retry_later` is retryable).
-        Ok(handle.push(&content, mode).await?)
+        Ok(self.handle()?.push(&content, mode).await?)
     }
 
     /// The network came back (retry now) or went away (no attempts until it is back).
@@ -534,9 +538,23 @@ impl PushClient {
     }
 
     /// The next event, or `None` once the client has stopped and every event
-    /// was read. Only without a listener.
+    /// was read. Only without a listener; waits for `connect()`.
     pub async fn next_event(&self) -> Option<PushEvent> {
-        self.events.lock().await.recv().await
+        let _ = self.started.subscribe().wait_for(|s| *s).await;
+        let mut slot = self.events.lock().await;
+        loop {
+            match slot.as_mut()?.next_event().await {
+                Some(e) => {
+                    if let Some(pe) = to_event(e) {
+                        return Some(pe);
+                    }
+                }
+                None => {
+                    *slot = None;
+                    return None;
+                }
+            }
+        }
     }
 
     /// Stops for good: closes the connection, ends pending calls (and
@@ -545,45 +563,48 @@ impl PushClient {
     /// of the generated class frees the object, which cannot happen while a
     /// `next_event` call holds it.)
     pub fn shutdown(&self) {
-        let Ok(mut st) = self.state.lock() else {
+        let Ok(mut phase) = self.phase.lock() else {
             return;
         };
-        let phase = std::mem::replace(&mut st.phase, Phase::Closed);
-        let runtime = st.runtime.take();
-        drop(st);
-        if let Ok(mut w) = self.waiters.lock() {
-            w.stop();
-        }
-        if let Phase::Running { handle, done } = phase {
-            handle.close();
-            if let Some(rt) = runtime {
-                if tokio::runtime::Handle::try_current().is_ok() {
-                    // Called on the SDK's own thread (from a listener) or
-                    // inside another runtime: cannot wait here.
-                    rt.shutdown_background();
-                } else {
-                    // Give the session a moment to say goodbye, then stop.
-                    let _ = rt.block_on(async { tokio::time::timeout(CLOSE_GRACE, done).await });
-                    rt.shutdown_timeout(CLOSE_GRACE);
-                }
-            }
-        }
-        // No more events: `next_event()` returns None once the queue is read.
-        if let Ok(mut t) = self.events_tx.lock() {
-            t.take();
+        let old = std::mem::replace(&mut *phase, Phase::Closed);
+        drop(phase);
+        self.started.send_replace(true);
+        let Phase::Running {
+            handle,
+            runtime,
+            listener,
+        } = old
+        else {
+            return;
+        };
+        handle.close();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Called on the SDK's own thread (from a listener) or inside
+            // another runtime: cannot wait here.
+            runtime.shutdown_background();
+        } else {
+            // Give the session a moment to say goodbye and the listener
+            // its last events, then stop.
+            runtime.block_on(async {
+                let _ = tokio::time::timeout(CLOSE_GRACE, async {
+                    handle.stopped().await;
+                    if let Some(l) = listener {
+                        let _ = l.await;
+                    }
+                })
+                .await;
+            });
+            runtime.shutdown_timeout(CLOSE_GRACE);
         }
     }
 }
 
 impl PushClient {
     fn handle(&self) -> Result<ClientHandle, PushError> {
-        let st = self.state.lock().map_err(|_| PushError::Stopped)?;
-        match &st.phase {
-            Phase::Running { handle, .. } => Ok(handle.clone()),
-            Phase::Ready(_) => Err(PushError::InvalidInput {
-                reason: "call connect() first".into(),
-            }),
-            Phase::Closed => Err(PushError::Stopped),
+        match self.phase.lock().as_deref() {
+            Ok(Phase::Running { handle, .. }) => Ok(handle.clone()),
+            Ok(Phase::Ready(_)) => Err(PushError::NotStarted),
+            _ => Err(PushError::Stopped),
         }
     }
 }
@@ -592,76 +613,6 @@ impl Drop for PushClient {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Runs on the SDK's thread: settles waiting calls and hands every event to
-/// the listener or the `next_event` queue.
-async fn forward(
-    mut client: Client,
-    mut store_errors: Option<mpsc::UnboundedReceiver<PushError>>,
-    listener: Option<Arc<dyn PushListener>>,
-    events: Option<mpsc::UnboundedSender<PushEvent>>,
-    waiters: Arc<Mutex<Waiters>>,
-    done: oneshot::Sender<()>,
-) {
-    let deliver = |e: PushEvent| match &listener {
-        // A throwing listener must not stop the client; nothing to do with it.
-        Some(l) => {
-            let _ = l.on_event(e);
-        }
-        None => {
-            if let Some(tx) = &events {
-                let _ = tx.send(e);
-            }
-        }
-    };
-    loop {
-        let e = tokio::select! {
-            e = client.next_event() => e,
-            Some(err) = async {
-                match &mut store_errors {
-                    Some(r) => r.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                deliver(PushEvent::Error { error: err });
-                continue;
-            }
-        };
-        let Some(e) = e else { break };
-        if let Ok(mut w) = waiters.lock() {
-            match &e {
-                SessionEvent::BindResult {
-                    user_id,
-                    ok,
-                    reason,
-                } => {
-                    for tx in w.binds.remove(user_id).unwrap_or_default() {
-                        let _ = tx.send(if *ok {
-                            Ok(())
-                        } else {
-                            Err(PushError::BindFailed {
-                                reason: reason.clone(),
-                            })
-                        });
-                    }
-                }
-                SessionEvent::Stopped { .. } => w.stop(),
-                _ => {}
-            }
-        }
-        let stopped = matches!(e, SessionEvent::Stopped { .. });
-        if let Some(pe) = to_event(e) {
-            deliver(pe);
-        }
-        if stopped {
-            break;
-        }
-    }
-    if let Ok(mut w) = waiters.lock() {
-        w.stop();
-    }
-    let _ = done.send(());
 }
 
 /// Checks one shared protocol test vector (the JSON text of one file of
@@ -686,10 +637,18 @@ pub fn sdk_version() -> String {
 mod tests {
     use super::*;
 
+    /// The shared table (the JVM and Python tests read the same file).
     #[test]
     fn every_core_error_keeps_its_code() {
-        for e in SessionError::every_kind() {
-            assert_eq!(PushError::from(e.clone()).code(), e.code(), "{e:?}");
+        let table: serde_json::Value =
+            serde_json::from_str(include_str!("../../sdk-core/testdata/error-codes.json"))
+                .expect("table");
+        let rows = table["errors"].as_array().expect("errors");
+        let errors = error_table();
+        assert_eq!(rows.len(), errors.len());
+        for (row, e) in rows.iter().zip(&errors) {
+            assert_eq!(e.code(), row["code"], "{e:?}");
+            assert_eq!(e.retryable(), row["retryable"], "{e:?}");
         }
     }
 }

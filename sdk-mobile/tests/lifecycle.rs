@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mpush_sdk_mobile::{PushClient, PushConfig, PushError};
+use mpush_sdk_mobile::{ConnectionState, PushClient, PushConfig, PushError};
 
 fn sdk_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -29,12 +29,12 @@ fn config(server: String) -> PushConfig {
         os_version: String::new(),
         client_version: String::new(),
         offer_v2: true,
-        heartbeat_ms: 240_000,
-        connect_timeout_ms: 1000,
-        backoff_initial_ms: 20,
-        backoff_max_ms: 50,
-        dedup_capacity: 16,
-        outbound_capacity: 2,
+        heartbeat_ms: None,
+        connect_timeout_ms: Some(1000),
+        backoff_initial_ms: Some(20),
+        backoff_max_ms: Some(50),
+        dedup_capacity: Some(16),
+        outbound_capacity: Some(2),
         tls_pinned_cert_pem: None,
     }
 }
@@ -48,13 +48,23 @@ fn dropping_a_client_stops_its_thread_and_bad_input_is_refused() {
         .port();
     assert_eq!(sdk_threads(), 0);
     let client = PushClient::new(config(format!("127.0.0.1:{port}")), None, None).expect("valid");
-    assert!(
-        matches!(client.ack(1), Err(PushError::InvalidInput { .. })),
+    assert_eq!(
+        client.ack(1).map_err(|e| e.code()),
+        Err("invalid_state".to_owned()),
         "calls before connect() are refused"
     );
+    assert_eq!(client.state(), ConnectionState::Idle);
     client.connect().expect("starts");
     std::thread::sleep(Duration::from_millis(300));
     assert!(sdk_threads() >= 1, "the SDK runs on its own thread");
+    assert!(
+        matches!(
+            client.state(),
+            ConnectionState::Connecting | ConnectionState::Disconnected
+        ),
+        "{:?}",
+        client.state()
+    );
     // Up-pushes queue while offline, up to the bound; then QueueFull.
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -78,6 +88,7 @@ fn dropping_a_client_stops_its_thread_and_bad_input_is_refused() {
     // Calls in flight hold the object: shutdown() ends them with Stopped.
     client.shutdown();
     assert_eq!(sdk_threads(), 0, "no thread left behind after shutdown()");
+    assert_eq!(client.state(), ConnectionState::Closed);
     assert!(matches!(
         rt.block_on(client.push(b"late".to_vec(), false)),
         Err(PushError::Stopped)
@@ -101,4 +112,18 @@ fn dropping_a_client_stops_its_thread_and_bad_input_is_refused() {
         None,
     );
     assert!(matches!(bad, Err(PushError::InvalidInput { .. })));
+    // The core's rules (SessionConfig::validate), with the field named.
+    match PushClient::new(
+        PushConfig {
+            outbound_capacity: Some(0),
+            ..config("x:1".into())
+        },
+        None,
+        None,
+    ) {
+        Err(PushError::InvalidInput { reason }) => {
+            assert!(reason.contains("outbound_capacity"), "{reason}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
 }

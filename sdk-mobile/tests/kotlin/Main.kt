@@ -61,10 +61,37 @@ suspend fun waitTrace(trace: String, state: String): Boolean {
     return false
 }
 
+val root: File = generateSequence(File("").absoluteFile) { it.parentFile }
+    .first { File(it, "sdk-core/testdata/error-codes.json").exists() }
+
+/** Every shared protocol vector, checked by the library the app links. */
+fun vectors() {
+    val files = File(root, "protocol/testdata/vectors").listFiles { f -> f.name.endsWith(".json") }.orEmpty().sortedBy { it.name }
+    val names = files.map { checkVector(it.readText()) }
+    check("every shared protocol vector matches (${names.size})", names.size == files.size && names.size >= 20 && "v2_keys" in names) { "$names" }
+    try {
+        checkVector("""{"name": "x", "kind": "packet", "hex": "00", "fields": {}}""")
+        check("a broken vector is an error", false)
+    } catch (e: PushException.InvalidInput) {
+        check("a broken vector is an error with code invalid_input", e.code() == "invalid_input")
+    }
+}
+
+/** The one (error, code) table of every SDK: sdk-core/testdata/error-codes.json. */
+fun checkErrorTable() {
+    val text = File(root, "sdk-core/testdata/error-codes.json").readText()
+    val want = Regex("\"code\": \"([a-z_]+)\",\\s*\"retryable\": (true|false)").findAll(text)
+        .map { it.groupValues[1] to (it.groupValues[2] == "true") }.toList()
+    val got = errorTable().map { it.code() to it.retryable() }
+    check("every error kind has the shared code and retryable flag (${want.size})", want.size >= 11 && got == want) { "$got vs $want" }
+}
+
 fun main(): Unit = runBlocking {
     val user = "kotlin-${ProcessHandle.current().pid()}"
     try {
         check("the library loads (sdk ${sdkVersion()})", sdkVersion().isNotEmpty())
+        vectors()
+        checkErrorTable()
         val store = MapStore()
         val config = PushConfig(servers = listOf(tcp), deviceId = "$user-phone", osName = "android", osVersion = "14",
             backoffInitialMs = 300uL, backoffMaxMs = 1000uL)
@@ -78,6 +105,7 @@ fun main(): Unit = runBlocking {
 
         client.bind(user, listOf("kotlin", "beta"), null)
         check("bind returns once the server accepted it", get("$api/api/v1/users/$user").contains("\"online\":true"))
+        check("state() says connected", client.state() == ConnectionState.CONNECTED) { "${client.state()}" }
 
         val r = post("$api/api/v1/push", """{"userId":"$user","content":"hello kotlin","ackMode":"biz"}""")
         val trace = field(r, "traceId") ?: error("no traceId in $r")
@@ -130,6 +158,7 @@ fun main(): Unit = runBlocking {
             check("a closed client refuses calls (code ${e.code()})", e.code() == "stopped")
         }
         check("no SDK thread left after shutdown()", sdkThreads() == 0) { "${sdkThreads()} left" }
+        check("state() says closed", client.state() == ConnectionState.CLOSED) { "${client.state()}" }
     } catch (e: Throwable) {
         failed++
         println("FAIL ${e.stackTraceToString()}")

@@ -66,6 +66,15 @@ def vectors():
         check("a broken vector is an error with code invalid_input", e.code() == "invalid_input", e)
 
 
+def error_table():
+    """The one (error, code) table of every SDK: sdk-core/testdata/error-codes.json."""
+    rows = json.loads((ROOT / "sdk-core/testdata/error-codes.json").read_text())["errors"]
+    errors = m.error_table()
+    got = [(e.code(), e.retryable()) for e in errors]
+    want = [(r["code"], r["retryable"]) for r in rows]
+    check(f"every error kind has the shared code and retryable flag ({len(want)})", got == want, got)
+
+
 async def expect(client, what, pick, timeout=15.0):
     async def loop():
         while True:
@@ -102,6 +111,7 @@ async def online():
     check("connected over TCP with the v2 profile", c.v2 and not c.resumed, c)
     await client.bind(user, ["py"], None)
     check("bind returns once the server accepted it", http("GET", f"{api}/api/v1/users/{user}")["online"])
+    check("state() says connected", client.state() == m.ConnectionState.CONNECTED, client.state())
     r = http("POST", f"{api}/api/v1/push", {"userId": user, "content": "hello python", "ackMode": "biz"})
     msg = await expect(client, "the push", lambda e: e.message if e.is_message() else None)
     check("a push arrives", msg.content == b"hello python" and msg.needs_ack and msg.trace_id == r["traceId"], msg)
@@ -130,6 +140,7 @@ async def online():
         rest = await asyncio.wait_for(client.next_event(), 5)
     check("shutdown(): next_event ends", True)
     check("no SDK thread left after shutdown()", sdk_threads() == 0, sdk_threads())
+    check("state() says closed", client.state() == m.ConnectionState.CLOSED, client.state())
     try:
         await client.push(b"x", False)
         check("a stopped client refuses calls", False)
@@ -141,6 +152,7 @@ def main():
     try:
         check(f"the library loads (sdk {m.sdk_version()})", bool(m.sdk_version()))
         vectors()
+        error_table()
         if os.environ.get("MPUSH_TEST_TCP"):
             asyncio.run(online())
         else:
