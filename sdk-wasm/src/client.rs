@@ -7,14 +7,13 @@
 //! so a callback may call back into the client.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 
 use js_sys::{Array, ArrayBuffer, Function, Promise, Uint8Array};
 use mpush_protocol::Instant;
 use mpush_protocol::session::AckMode;
 use mpush_sdk_core::session::{
-    Action, Message, Session, SessionError, SessionEvent, parse_server_list,
+    Action, Message, Session, SessionError, SessionEvent, SessionState, parse_server_list,
 };
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::prelude::*;
@@ -31,25 +30,11 @@ const ALLOCATOR_TIMEOUT_MS: u32 = 5_000;
 /// A callback to run once the borrow of `Inner` is released.
 type Calls = Vec<(Function, Vec<JsValue>)>;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Idle,
-    Connecting,
+/// A promise waiting for the core: a request's `Settled`, or the first
+/// connection (`connect()`).
+enum Wait {
+    Request(u64),
     Connected,
-    Disconnected,
-    Closed,
-}
-
-impl State {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Connecting => "connecting",
-            Self::Connected => "connected",
-            Self::Disconnected => "disconnected",
-            Self::Closed => "closed",
-        }
-    }
 }
 
 /// The session's one timer (`setTimeout`), re-armed when its deadline moves.
@@ -153,11 +138,10 @@ struct Inner {
     socket_opened: bool,
     timer: Option<Timer>,
     page: Option<PageListeners>,
-    state: State,
+    /// `close()` came before `connect()` (no session to say so).
+    closed: bool,
     queues: Vec<Rc<RefCell<EventQueue>>>,
-    connect_waiters: Vec<(Function, Function)>,
-    bind_waiters: Vec<(String, Function, Function)>,
-    push_waiters: HashMap<u64, (Function, Function)>,
+    waiters: Vec<(Wait, Function, Function)>,
 }
 
 /// Runs `f` on the session of a live client, then drives it.
@@ -190,10 +174,7 @@ fn invoke(rc: &Rc<RefCell<Inner>>, calls: Calls) {
             // A throwing callback must not break the client: report it to
             // onError (unless onError itself threw), else to the console.
             let on_error = rc.borrow().opts.on_error.clone();
-            let err = js::error(
-                "callback",
-                &format!("a callback threw: {}", js::describe(&e)),
-            );
+            let err = session_error(&SessionError::Callback(js::describe(&e)));
             match on_error {
                 Some(h) if h != f => {
                     let _ = h.call1(&JsValue::UNDEFINED, &err);
@@ -204,8 +185,9 @@ fn invoke(rc: &Rc<RefCell<Inner>>, calls: Calls) {
     }
 }
 
-/// An `Error` with the core's `code` (shared by every SDK) and `retryable`.
-fn session_error(e: &SessionError) -> JsValue {
+/// An `Error` with the core's `code` (shared by every SDK) and `retryable`:
+/// every error this SDK raises is one of the core's.
+pub(crate) fn session_error(e: &SessionError) -> JsValue {
     let err = js::error(e.code(), &e.to_string());
     let _ = js_sys::Reflect::set(&err, &"retryable".into(), &e.retryable().into());
     err
@@ -241,6 +223,38 @@ fn event(kind: &str, mut fields: Vec<(&str, JsValue)>) -> JsValue {
     js::object(&fields)
 }
 
+fn no_crypto(e: JsValue) -> JsValue {
+    let why = format!(
+        "this runtime has no crypto.getRandomValues: {}",
+        js::describe(&e)
+    );
+    session_error(&SessionError::InvalidInput(why))
+}
+
+/// `onStateChange`'s detail: what the core's state carries.
+fn state_detail(s: &SessionState) -> JsValue {
+    match s {
+        SessionState::Connecting { address } => js::object(&[("address", address.into())]),
+        SessionState::Connected {
+            address,
+            resumed,
+            v2,
+        } => js::object(&[
+            ("address", address.into()),
+            ("resumed", (*resumed).into()),
+            ("v2", (*v2).into()),
+        ]),
+        SessionState::Disconnected {
+            reason,
+            retry_in_ms,
+        } => js::object(&[
+            ("reason", reason.into()),
+            ("retryInMs", (*retry_in_ms as f64).into()),
+        ]),
+        SessionState::Stopped { reason } => js::object(&[("reason", reason.into())]),
+    }
+}
+
 impl Inner {
     fn ticket_key(&self) -> String {
         format!("{}.ticket", self.opts.storage_key)
@@ -253,7 +267,7 @@ impl Inner {
         let now = Instant::now();
         loop {
             if let Some(a) = self.session.as_mut().and_then(Session::poll_action) {
-                self.act(a, now, &mut calls);
+                self.act(a, now);
             } else if let Some(e) = self.session.as_mut().and_then(Session::poll_event) {
                 self.on_event(e, &mut calls);
             } else {
@@ -267,7 +281,7 @@ impl Inner {
         calls
     }
 
-    fn act(&mut self, a: Action, now: Instant, calls: &mut Calls) {
+    fn act(&mut self, a: Action, now: Instant) {
         match a {
             Action::Open { address } => {
                 self.socket = None;
@@ -276,11 +290,7 @@ impl Inner {
                 let (weak, generation) = (self.me.clone(), self.socket_gen);
                 let sink = move |e: SocketEvent| on_socket_event(&weak, generation, e);
                 match Socket::open(&address, sink) {
-                    Ok(s) => {
-                        self.socket = Some(s);
-                        let detail = js::object(&[("address", address.into())]);
-                        self.set_state(State::Connecting, detail, calls);
-                    }
+                    Ok(s) => self.socket = Some(s),
                     Err(e) => {
                         if let Some(s) = self.session.as_mut() {
                             s.handle_open_failed(&e, now);
@@ -315,30 +325,16 @@ impl Inner {
 
     fn on_event(&mut self, e: SessionEvent, calls: &mut Calls) {
         match e {
-            SessionEvent::Connected {
-                address,
-                resumed,
-                v2,
-            } => {
-                let detail = js::object(&[
-                    ("address", address.into()),
-                    ("resumed", resumed.into()),
-                    ("v2", v2.into()),
-                ]);
-                self.set_state(State::Connected, detail, calls);
-                for (resolve, _) in self.connect_waiters.drain(..) {
-                    calls.push((resolve, vec![]));
+            SessionEvent::StateChanged(state) => {
+                let (name, detail) = (state.name(), state_detail(&state));
+                if let Some(f) = &self.opts.on_state_change {
+                    calls.push((f.clone(), vec![name.into(), detail.clone()]));
                 }
-            }
-            SessionEvent::Disconnected {
-                reason,
-                retry_in_ms,
-            } => {
-                let detail = js::object(&[
-                    ("reason", reason.into()),
-                    ("retryInMs", (retry_in_ms as f64).into()),
-                ]);
-                self.set_state(State::Disconnected, detail, calls);
+                let ev = event("state", vec![("state", name.into()), ("detail", detail)]);
+                self.emit(ev, calls);
+                if let SessionState::Connected { .. } = state {
+                    self.settle(|w| matches!(w, Wait::Connected), Ok(()), calls);
+                }
             }
             SessionEvent::Message(m) => {
                 let msg = message_object(m);
@@ -366,58 +362,45 @@ impl Inner {
                 ok,
                 reason,
             } => {
-                let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.bind_waiters)
-                    .into_iter()
-                    .partition(|(u, ..)| *u == user_id);
-                self.bind_waiters = others;
                 if ok {
-                    for (_, resolve, _) in mine {
-                        calls.push((resolve, vec![]));
-                    }
                     self.emit(event("bound", vec![("userId", user_id.into())]), calls);
                 } else {
-                    let err = js::error(
-                        "bind_failed",
-                        &format!("the server refused to bind {user_id}: {reason}"),
-                    );
-                    for (_, _, reject) in mine {
-                        calls.push((reject, vec![err.clone()]));
-                    }
-                    self.report(err, calls);
+                    let why = format!("the server refused to bind {user_id}: {reason}");
+                    self.report(session_error(&SessionError::BindFailed(why)), calls);
                 }
             }
             SessionEvent::TicketUpdated { ticket } => {
                 if let Err(e) = self.opts.storage.save(&self.ticket_key(), &ticket) {
-                    self.report(js::error("storage", &e), calls);
+                    self.report(session_error(&SessionError::Storage(e)), calls);
                 }
             }
-            SessionEvent::PushAcked { request } => {
-                if let Some((resolve, _)) = self.push_waiters.remove(&request) {
-                    calls.push((resolve, vec![]));
-                }
+            SessionEvent::Settled { request, result } => {
+                self.settle(
+                    |w| matches!(w, Wait::Request(r) if *r == request),
+                    result,
+                    calls,
+                );
             }
-            SessionEvent::PushFailed { request, error } => {
-                if let Some((_, reject)) = self.push_waiters.remove(&request) {
-                    calls.push((reject, vec![session_error(&error)]));
-                }
-            }
-            SessionEvent::Stopped { reason } => {
-                self.shutdown(&reason, calls);
-            }
+            SessionEvent::Error { error } => self.report(session_error(&error), calls),
+            SessionEvent::Stopped { reason } => self.shutdown(&reason, calls),
             _ => {}
         }
     }
 
-    fn set_state(&mut self, state: State, detail: JsValue, calls: &mut Calls) {
-        self.state = state;
-        if let Some(f) = &self.opts.on_state_change {
-            calls.push((f.clone(), vec![state.name().into(), detail.clone()]));
+    /// Settles the promises `which` picks with `result`.
+    fn settle(
+        &mut self,
+        which: impl Fn(&Wait) -> bool,
+        result: Result<(), SessionError>,
+        calls: &mut Calls,
+    ) {
+        let err = result.as_ref().err().map(session_error);
+        for (_, resolve, reject) in self.waiters.extract_if(.., |(w, ..)| which(w)) {
+            match &err {
+                None => calls.push((resolve, vec![])),
+                Some(e) => calls.push((reject, vec![e.clone()])),
+            }
         }
-        let ev = event(
-            "state",
-            vec![("state", state.name().into()), ("detail", detail)],
-        );
-        self.emit(ev, calls);
     }
 
     fn report(&mut self, err: JsValue, calls: &mut Calls) {
@@ -435,38 +418,42 @@ impl Inner {
             overflowed |= q.borrow_mut().push(ev.clone());
         }
         if overflowed && let Some(f) = &self.opts.on_error {
-            let err = js::error(
-                "events_overflow",
-                "an events() iterator is not read: its oldest events were dropped",
-            );
+            let err = session_error(&SessionError::EventsOverflow);
             calls.push((f.clone(), vec![err]));
         }
     }
 
-    /// Stopped for good: settle every promise, end the iterators, free the
-    /// socket, the timer and the page listeners.
+    /// Stopped for good (the core settled its requests): reject what still
+    /// waits, end the iterators, free the socket, the timer and the page
+    /// listeners.
     fn shutdown(&mut self, reason: &str, calls: &mut Calls) {
-        if self.state == State::Closed {
+        if self.closed {
             return;
         }
-        let detail = js::object(&[("reason", reason.into())]);
-        self.set_state(State::Closed, detail, calls);
-        let err = js::error("stopped", &format!("the client is closed: {reason}"));
-        let rejects = self
-            .connect_waiters
-            .drain(..)
-            .map(|(_, r)| r)
-            .chain(self.bind_waiters.drain(..).map(|(_, _, r)| r))
-            .chain(self.push_waiters.drain().map(|(_, (_, r))| r));
-        for r in rejects {
-            calls.push((r, vec![err.clone()]));
+        self.closed = true;
+        if self.session.is_none() {
+            // Closed before connect(): the core never ran, say it here.
+            let state = SessionState::Stopped {
+                reason: reason.to_owned(),
+            };
+            self.on_event(SessionEvent::StateChanged(state), calls);
         }
+        let stopped = Err(SessionError::Stopped);
+        self.settle(|_| true, stopped, calls);
         for q in self.queues.drain(..) {
             q.borrow_mut().end();
         }
         self.socket = None;
         self.timer = None;
         self.page = None;
+    }
+
+    fn state_name(&self) -> &'static str {
+        match &self.session {
+            Some(s) => s.state().name(),
+            None if self.closed => "closed",
+            None => "idle",
+        }
     }
 }
 
@@ -528,15 +515,15 @@ impl PushClient {
     pub fn new(
         #[wasm_bindgen(unchecked_param_type = "PushClientOptions")] options: JsValue,
     ) -> Result<PushClient, JsValue> {
-        let mut opts = Options::parse(&options).map_err(|e| js::error("invalid_options", &e))?;
+        let invalid = |e: String| session_error(&SessionError::InvalidInput(e));
+        let mut opts = Options::parse(&options).map_err(invalid)?;
         let device_key = format!("{}.deviceId", opts.storage_key);
         let device_id = match &opts.device_id {
             Some(d) => d.clone(),
             None => match opts.storage.load(&device_key) {
                 Ok(Some(d)) => d,
                 loaded => {
-                    let seed = js::random_seed()
-                        .map_err(|e| js::error("invalid_state", &js::describe(&e)))?;
+                    let seed = js::random_seed().map_err(no_crypto)?;
                     let id: String = seed[..16].iter().map(|b| format!("{b:02x}")).collect();
                     let id = format!("web-{id}");
                     if loaded.is_ok() {
@@ -548,6 +535,7 @@ impl PushClient {
             },
         };
         opts.session.device.device_id = device_id;
+        opts.session.validate().map_err(|e| session_error(&e))?;
         let inner = Rc::new_cyclic(|me| {
             RefCell::new(Inner {
                 me: me.clone(),
@@ -558,11 +546,9 @@ impl PushClient {
                 socket_opened: false,
                 timer: None,
                 page: None,
-                state: State::Idle,
+                closed: false,
                 queues: Vec::new(),
-                connect_waiters: Vec::new(),
-                bind_waiters: Vec::new(),
-                push_waiters: HashMap::new(),
+                waiters: Vec::new(),
             })
         });
         Ok(PushClient { inner })
@@ -572,34 +558,43 @@ impl PushClient {
     /// connected; rejects if the client is closed first.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn connect(&self) -> Promise {
-        let started = self.start();
-        let p = promise(|resolve, reject| {
-            let mut inner = self.inner.borrow_mut();
-            if let Err(e) = &started {
-                let _ = reject.call1(&JsValue::UNDEFINED, e);
-                return;
-            }
-            match inner.state {
-                State::Connected => {
-                    let _ = resolve.call0(&JsValue::UNDEFINED);
-                }
-                State::Closed => {
-                    let _ = reject.call1(
-                        &JsValue::UNDEFINED,
-                        &js::error("stopped", "the client is closed; create a new one"),
-                    );
-                }
-                _ => inner.connect_waiters.push((resolve, reject)),
-            }
-        });
+        if let Err(e) = self.start() {
+            return Promise::reject(&e);
+        }
+        let p = match self.inner.borrow().state_name() {
+            "connected" => Promise::resolve(&JsValue::UNDEFINED),
+            "closed" => Promise::reject(&session_error(&SessionError::Stopped)),
+            _ => self.wait(Wait::Connected),
+        };
         drive(&self.inner);
         p
+    }
+
+    /// A promise the core's next word on `w` settles.
+    fn wait(&self, w: Wait) -> Promise {
+        promise(|resolve, reject| self.inner.borrow_mut().waiters.push((w, resolve, reject)))
+    }
+
+    /// Runs a command that returns a request id; the promise settles with it.
+    fn request(
+        &self,
+        f: impl FnOnce(&mut Session, Instant) -> Result<u64, SessionError>,
+    ) -> Promise {
+        match self.command(f) {
+            Ok(r) => {
+                let p = self.wait(Wait::Request(r));
+                // The core may have settled it already (an unbind, offline).
+                drive(&self.inner);
+                p
+            }
+            Err(e) => Promise::reject(&e),
+        }
     }
 
     fn start(&self) -> Result<(), JsValue> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
-        if inner.session.is_some() || inner.state == State::Closed {
+        if inner.session.is_some() || inner.closed {
             return Ok(());
         }
         let o = &inner.opts;
@@ -608,11 +603,11 @@ impl PushClient {
         let ticket = match o.storage.load(&inner.ticket_key()) {
             Ok(t) => t,
             Err(e) => {
-                inner.report(js::error("storage", &e), &mut calls);
+                inner.report(session_error(&SessionError::Storage(e)), &mut calls);
                 None
             }
         };
-        let seed = js::random_seed().map_err(|e| js::error("invalid_state", &js::describe(&e)))?;
+        let seed = js::random_seed().map_err(no_crypto)?;
         let weak = inner.me.clone();
         inner.timer = Some(Timer {
             callback: Tracked::new(Closure::<dyn FnMut()>::new(move || {
@@ -647,16 +642,21 @@ impl PushClient {
         let r = {
             let mut inner = self.inner.borrow_mut();
             let Some(s) = inner.session.as_mut() else {
-                return Err(js::error("invalid_state", "call connect() first"));
+                let e = if inner.closed {
+                    SessionError::Stopped
+                } else {
+                    SessionError::NotStarted
+                };
+                return Err(session_error(&e));
             };
             f(s, Instant::now())
         };
-        drive(&self.inner);
         r.map_err(|e| session_error(&e))
     }
 
     /// Binds a user (and re-binds it after every reconnect). Resolves when
-    /// the server accepted it; rejects with `bind_failed` if it refused.
+    /// the server accepted it; rejects with `bind_failed` if it refused, or
+    /// a newer bind or an unbind replaced it.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn bind(
         &self,
@@ -665,9 +665,6 @@ impl PushClient {
     ) -> Promise {
         let options = options.unwrap_or(JsValue::UNDEFINED);
         let parsed = (|| {
-            if user_id.is_empty() {
-                return Err("userId must not be empty".to_owned());
-            }
             let tags = match js::get(&options, "tags") {
                 None => String::new(),
                 Some(t) if t.is_string() => t.as_string().unwrap_or_default(),
@@ -684,42 +681,17 @@ impl PushClient {
             };
             Ok((tags, token))
         })();
-        let (tags, token) = match parsed {
-            Ok(p) => p,
-            Err(e) => return Promise::reject(&js::error("invalid_options", &e)),
-        };
-        let p = promise(|resolve, reject| {
-            let mut inner = self.inner.borrow_mut();
-            // A new bind replaces the user: earlier binds of others will not resolve.
-            let superseded = js::error("bind_failed", &format!("replaced by a bind of {user_id}"));
-            for (_, _, r) in inner.bind_waiters.extract_if(.., |(u, ..)| *u != user_id) {
-                let _ = r.call1(&JsValue::UNDEFINED, &superseded);
-            }
-            inner.bind_waiters.push((user_id.clone(), resolve, reject));
-        });
-        if let Err(e) = self.command(|s, now| s.bind(&user_id, &tags, &token, now)) {
-            let rejects: Vec<_> = self
-                .inner
-                .borrow_mut()
-                .bind_waiters
-                .extract_if(.., |(u, ..)| *u == user_id)
-                .map(|(_, _, r)| r)
-                .collect();
-            for r in rejects {
-                let _ = r.call1(&JsValue::UNDEFINED, &e);
-            }
+        match parsed {
+            Ok((tags, token)) => self.request(|s, now| s.bind(&user_id, &tags, &token, now)),
+            Err(e) => Promise::reject(&session_error(&SessionError::InvalidInput(e))),
         }
-        p
     }
 
-    /// Unbinds the user; pending `bind()` promises reject.
-    pub fn unbind(&self) -> Result<(), JsValue> {
-        let waiters: Vec<_> = self.inner.borrow_mut().bind_waiters.drain(..).collect();
-        let err = js::error("bind_failed", "unbound before the server answered");
-        for (_, _, r) in waiters {
-            let _ = r.call1(&JsValue::UNDEFINED, &err);
-        }
-        self.command(|s, now| s.unbind(now))
+    /// Unbinds the user (no more re-binds); pending `bind()` promises
+    /// reject. Resolves once the server was told.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn unbind(&self) -> Promise {
+        self.request(|s, now| s.unbind(now))
     }
 
     /// Acknowledges a message the app has handled: the message, or its `id`.
@@ -732,23 +704,20 @@ impl PushClient {
         let id = message
             .as_f64()
             .or_else(|| js::get(&message, "id").and_then(|v| v.as_f64()))
-            .ok_or_else(|| js::error("invalid_options", "ack() takes a message or its id"))?;
-        let r = {
-            let mut inner = self.inner.borrow_mut();
-            let Some(s) = inner.session.as_mut() else {
-                return Err(js::error("invalid_state", "call connect() first"));
-            };
-            if !(id.is_finite() && id >= 0.0 && id.fract() == 0.0) {
-                return Ok(false);
-            }
-            s.ack(id as u64, Instant::now())
-        };
-        drive(&self.inner);
-        match r {
-            Ok(()) => Ok(true),
-            Err(SessionError::UnknownAck(_)) => Ok(false),
-            Err(e) => Err(session_error(&e)),
+            .ok_or_else(|| {
+                session_error(&SessionError::InvalidInput(
+                    "ack() takes a message or its id".into(),
+                ))
+            })?;
+        if !(id.is_finite() && id >= 0.0 && id.fract() == 0.0) {
+            return Ok(false);
         }
+        let r = self.command(|s, now| match s.ack(id as u64, now) {
+            Err(SessionError::UnknownAck(_)) => Ok(false),
+            r => r.map(|()| true),
+        });
+        drive(&self.inner);
+        r
     }
 
     /// Sends a message up to the server (queued while offline). With
@@ -760,39 +729,17 @@ impl PushClient {
         #[wasm_bindgen(unchecked_optional_param_type = "PushOptions")] options: Option<JsValue>,
     ) -> Promise {
         let options = options.unwrap_or(JsValue::UNDEFINED);
+        let invalid =
+            |m: &str| Promise::reject(&session_error(&SessionError::InvalidInput(m.into())));
         let Some(bytes) = bytes_of(&data) else {
-            return Promise::reject(&js::error(
-                "invalid_options",
-                "data must be a string, a Uint8Array or an ArrayBuffer",
-            ));
+            return invalid("data must be a string, a Uint8Array or an ArrayBuffer");
         };
-        let want_ack = match js::get(&options, "ack") {
-            None => true,
-            Some(v) => match v.as_bool() {
-                Some(b) => b,
-                None => {
-                    return Promise::reject(&js::error(
-                        "invalid_options",
-                        "options.ack must be a boolean",
-                    ));
-                }
-            },
+        let mode = match js::get(&options, "ack").map(|v| v.as_bool()) {
+            None | Some(Some(true)) => AckMode::Auto,
+            Some(Some(false)) => AckMode::None,
+            Some(None) => return invalid("options.ack must be a boolean"),
         };
-        let mode = if want_ack {
-            AckMode::Auto
-        } else {
-            AckMode::None
-        };
-        match self.command(|s, now| s.push(&bytes, mode, now)) {
-            Err(e) => Promise::reject(&e),
-            Ok(_) if !want_ack => Promise::resolve(&JsValue::UNDEFINED),
-            Ok(request) => promise(|resolve, reject| {
-                self.inner
-                    .borrow_mut()
-                    .push_waiters
-                    .insert(request, (resolve, reject));
-            }),
-        }
+        self.request(|s, now| s.push(&bytes, mode, now))
     }
 
     /// Closes for good: no more reconnects; pending promises reject.
@@ -821,7 +768,7 @@ impl PushClient {
         let q = Rc::new(RefCell::new(EventQueue::default()));
         {
             let mut inner = self.inner.borrow_mut();
-            if inner.state == State::Closed {
+            if inner.closed {
                 q.borrow_mut().end();
             } else {
                 inner.queues.push(q.clone());
@@ -832,7 +779,7 @@ impl PushClient {
 
     #[wasm_bindgen(getter, unchecked_return_type = "ConnectionState")]
     pub fn state(&self) -> String {
-        self.inner.borrow().state.name().to_owned()
+        self.inner.borrow().state_name().to_owned()
     }
 
     #[wasm_bindgen(getter, js_name = deviceId)]

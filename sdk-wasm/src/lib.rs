@@ -106,8 +106,9 @@ export interface KickInfo {
   deviceId: string;
 }
 
+/** The core's codes, the same in every SDK (sdk-core/testdata/error-codes.json). */
 export type PushErrorCode =
-  | "invalid_options"
+  | "invalid_input"
   | "invalid_state"
   | "queue_full"
   | "stopped"
@@ -158,6 +159,24 @@ pub fn check_vector(json: &str) -> Result<String, JsError> {
     let v: serde_json::Value =
         serde_json::from_str(json).map_err(|e| JsError::new(&format!("not JSON: {e}")))?;
     mpush_protocol::conformance::check_vector(&v).map_err(|e| JsError::new(&e))
+}
+
+/// One error of every kind, as this SDK raises them (an `Error` with the
+/// core's `code` and `retryable`), in the order of
+/// `sdk-core/testdata/error-codes.json`, which the tests check them against.
+#[doc(hidden)]
+pub fn error_table() -> Vec<JsValue> {
+    mpush_sdk_core::SessionError::every_kind()
+        .iter()
+        .map(client::session_error)
+        .collect()
+}
+
+/// The self-test module's `errorTable()`: see [`error_table`].
+#[cfg(feature = "conformance")]
+#[wasm_bindgen(js_name = errorTable)]
+pub fn error_table_js() -> js_sys::Array {
+    error_table().into_iter().collect()
 }
 
 /// The SDK's version.

@@ -1,12 +1,12 @@
-//! `PushClientOptions` (a plain JS object) read and checked once, in the
-//! constructor: a wrong field is an `invalid_options` error that names it.
+//! `PushClientOptions` (a plain JS object) read once, in the constructor:
+//! a field of the wrong type is an `invalid_input` error that names it.
+//! Defaults and ranges are the core's (`SessionConfig::new`, `validate`).
 
 use std::time::Duration;
 
 use js_sys::{Array, Function, Reflect};
 use std::sync::Arc;
 
-use mpush_protocol::backoff::BackoffConfig;
 use mpush_protocol::crypto::RsaPublic;
 use mpush_protocol::session::DeviceInfo;
 use mpush_sdk_core::SessionConfig;
@@ -89,26 +89,22 @@ fn boolean(o: &JsValue, key: &str, default: bool) -> Result<bool, Invalid> {
     }
 }
 
-fn number(o: &JsValue, key: &str, min: f64, max: f64) -> Result<Option<f64>, Invalid> {
+/// A finite, non-negative number; its range is the core's to check.
+fn number(o: &JsValue, key: &str) -> Result<Option<f64>, Invalid> {
     let Some(v) = js::get(o, key.rsplit('.').next().unwrap_or(key)) else {
         return Ok(None);
     };
     match v.as_f64() {
-        Some(n) if n.is_finite() && (min..=max).contains(&n) => Ok(Some(n)),
-        // Integers in the message: formatting an f64 would link Rust's float printer.
-        _ => Err(format!(
-            "options.{key} must be a number from {} to {}",
-            min as i64, max as i64
-        )),
+        Some(n) if n.is_finite() && n >= 0.0 => Ok(Some(n)),
+        _ => Err(format!("options.{key} must be a non-negative number")),
     }
 }
 
-fn millis(o: &JsValue, key: &str, default: u64, min: f64) -> Result<Duration, Invalid> {
-    Ok(
-        number(o, key, min, 86_400_000.0)?.map_or(Duration::from_millis(default), |n| {
-            Duration::from_millis(n as u64)
-        }),
-    )
+fn millis(o: &JsValue, key: &str, into: &mut Duration) -> Result<(), Invalid> {
+    if let Some(n) = number(o, key)? {
+        *into = Duration::from_millis(n as u64);
+    }
+    Ok(())
 }
 
 fn callback(o: &JsValue, key: &str) -> Result<Option<Function>, Invalid> {
@@ -163,9 +159,6 @@ impl Options {
             }
         }
         let allocator_url = string(o, "allocatorUrl")?;
-        if servers.is_empty() && allocator_url.is_none() {
-            return Err("options.servers or options.allocatorUrl is required".into());
-        }
         let storage = match Reflect::get(o, &"storage".into()) {
             Ok(v) if v.is_undefined() => default_storage(),
             Ok(v) if v.is_null() => Storage::Memory,
@@ -178,27 +171,6 @@ impl Options {
                 Storage::Js(v)
             }
             _ => return Err("options.storage must be a Storage-like object or null".into()),
-        };
-        let mut backoff = BackoffConfig::default();
-        if let Some(b) = js::get(o, "backoff") {
-            if let Some(n) = number(&b, "backoff.initialMs", 1.0, 3_600_000.0)? {
-                backoff.initial = Duration::from_millis(n as u64);
-            }
-            if let Some(n) = number(&b, "backoff.maxMs", 1.0, 86_400_000.0)? {
-                backoff.max = Duration::from_millis(n as u64);
-            }
-            if let Some(n) = number(&b, "backoff.multiplier", 1.0, 100.0)? {
-                backoff.multiplier = n;
-            }
-            if let Some(n) = number(&b, "backoff.jitter", 0.0, 1.0)? {
-                backoff.jitter = n;
-            }
-            if backoff.max < backoff.initial {
-                return Err("options.backoff.maxMs must not be below initialMs".into());
-            }
-        }
-        let count = |key: &str, default: usize| -> Result<usize, Invalid> {
-            Ok(number(o, key, 1.0, 1_000_000.0)?.map_or(default, |n| n as usize))
         };
         let public_key = match string(o, "publicKey")? {
             Some(text) => {
@@ -216,11 +188,27 @@ impl Options {
         let mut session = SessionConfig::new(servers, Arc::new(public_key), device);
         session.allocator_url = allocator_url;
         session.offer_v2 = boolean(o, "v2", true)?;
-        session.heartbeat = millis(o, "heartbeatMs", 240_000, 1_000.0)?;
-        session.connect_timeout = millis(o, "connectTimeoutMs", 10_000, 100.0)?;
-        session.backoff = backoff;
-        session.dedup_capacity = count("dedupCapacity", 1024)?;
-        session.outbound_capacity = count("outboundCapacity", 256)?;
+        millis(o, "heartbeatMs", &mut session.heartbeat)?;
+        millis(o, "connectTimeoutMs", &mut session.connect_timeout)?;
+        if let Some(b) = js::get(o, "backoff") {
+            let backoff = &mut session.backoff;
+            millis(&b, "backoff.initialMs", &mut backoff.initial)?;
+            millis(&b, "backoff.maxMs", &mut backoff.max)?;
+            if let Some(n) = number(&b, "backoff.multiplier")? {
+                backoff.multiplier = n;
+            }
+            if let Some(n) = number(&b, "backoff.jitter")? {
+                backoff.jitter = n;
+            }
+        }
+        for (key, into) in [
+            ("dedupCapacity", &mut session.dedup_capacity),
+            ("outboundCapacity", &mut session.outbound_capacity),
+        ] {
+            if let Some(n) = number(o, key)? {
+                *into = n as usize;
+            }
+        }
         Ok(Self {
             session,
             device_id: string(o, "deviceId")?.filter(|s| !s.is_empty()),

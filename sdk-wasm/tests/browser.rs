@@ -290,7 +290,7 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
     let bad = client.ack("nope".into()).expect_err("not a message");
     assert_eq!(
         get(&bad, "code").as_string().as_deref(),
-        Some("invalid_options")
+        Some("invalid_input")
     );
     for _ in 0..100 {
         if trace(&t2).await.0 == "ACK" {
@@ -482,14 +482,31 @@ async fn offline_queue_events_iterator_kick_and_fast_connect() {
     assert_eq!(live_handles(), (0, 0));
 }
 
+/// The one (error, code) table of every SDK, as this SDK hands errors to JS.
+#[wasm_bindgen_test]
+fn every_error_has_the_shared_code_and_retryable_flag() {
+    let table = json(include_str!("../../sdk-core/testdata/error-codes.json"));
+    let rows = js_sys::Array::from(&get(&table, "errors"));
+    let errors = mpush_sdk_wasm::error_table();
+    assert_eq!(rows.length() as usize, errors.len());
+    for (row, e) in rows.iter().zip(&errors) {
+        assert!(e.is_instance_of::<js_sys::Error>(), "an Error");
+        assert_eq!(get(e, "code").as_string(), get(&row, "code").as_string());
+        assert_eq!(
+            get(e, "retryable").as_bool(),
+            get(&row, "retryable").as_bool()
+        );
+    }
+}
+
 #[wasm_bindgen_test]
 fn bad_options_are_refused_with_the_field_named() {
     for (opts, field) in [
-        (r#"{}"#, "options.servers"),
+        (r#"{}"#, "servers or allocator_url"),
         (r#"{"servers": "tcp://x:1"}"#, "options.servers"),
         (
             r#"{"servers": ["ws://a/"], "backoff": {"jitter": 2}}"#,
-            "options.backoff.jitter",
+            "jitter",
         ),
         (
             r#"{"servers": "ws://a/", "heartbeatMs": "soon"}"#,
@@ -511,7 +528,7 @@ fn bad_options_are_refused_with_the_field_named() {
         let err = PushClient::new(json(opts)).err().expect("refused");
         assert_eq!(
             get(&err, "code").as_string().as_deref(),
-            Some("invalid_options"),
+            Some("invalid_input"),
             "{opts}"
         );
         let msg = get(&err, "message").as_string().unwrap_or_default();

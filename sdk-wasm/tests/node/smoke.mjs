@@ -69,6 +69,13 @@ try {
     assert.throws(() => conf.checkVector(JSON.stringify(v)), /bind_packet/);
     assert.throws(() => conf.checkVector("not json"), /not JSON/);
     console.log(`     ${names.length} vectors`);
+    // The one (error, code) table of every SDK.
+    const table = JSON.parse(readFileSync(join(root, "sdk-core", "testdata", "error-codes.json"), "utf8")).errors;
+    const errors = conf.errorTable();
+    assert.deepEqual(
+      errors.map((e) => [e instanceof Error, e.code, e.retryable]),
+      table.map((r) => [true, r.code, r.retryable]),
+    );
   });
 
   const sdk = await import(mainUrl);
@@ -81,7 +88,7 @@ try {
       new sdk.PushClient({ servers: "tcp://nope" });
       assert.fail("accepted a tcp:// server");
     } catch (e) {
-      assert.equal(e.code, "invalid_options");
+      assert.equal(e.code, "invalid_input");
       assert.match(e.message, /options\.servers/);
     }
   });
