@@ -10,6 +10,12 @@ const root = join(here, "..", "..");
 const cargo = readFileSync(join(root, "Cargo.toml"), "utf8");
 const version = /\[workspace\.package\][^[]*?version\s*=\s*"([^"]+)"/s.exec(cargo)?.[1];
 if (!version) throw new Error("no workspace version in Cargo.toml");
+// The public addresses come from Cargo.toml's [workspace.package]
+// (`repository`, `homepage`), the one place a release sets them; the package
+// has none until the project has a public home.
+const field = (name) => new RegExp(`\\[workspace\\.package\\][^[]*?${name}\\s*=\\s*"([^"]+)"`, "s").exec(cargo)?.[1];
+const repository = field("repository");
+const homepage = field("homepage") ?? repository;
 
 const modules = ["mpush_sdk", "mpush_sdk_conformance"];
 const files = modules.flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_bg.wasm`, `${m}_bg.wasm.d.ts`]);
@@ -22,6 +28,10 @@ const manifest = {
   description:
     "Browser SDK for mpush push servers: a WebSocket client with reconnect, fast connect, dedup, ACKs and an offline queue, in Rust compiled to WebAssembly.",
   license: "Apache-2.0",
+  ...(repository ? { repository: { type: "git", url: `git+${repository}` } } : {}),
+  ...(homepage ? { homepage } : {}),
+  // Node 18+ (and other runtimes): pass the `WebSocket` option where there is no global one.
+  engines: { node: ">=18" },
   type: "module",
   main: "./mpush_sdk.js",
   module: "./mpush_sdk.js",
@@ -34,10 +44,11 @@ const manifest = {
     "./mpush_sdk_conformance_bg.wasm": "./mpush_sdk_conformance_bg.wasm",
     "./package.json": "./package.json",
   },
-  files: [...files, "snippets/", "README.md"],
+  files: [...files, "snippets/", "README.md", "LICENSE"],
   sideEffects: ["./snippets/*"],
   keywords: ["mpush", "push", "websocket", "wasm", "notifications"],
 };
 writeFileSync(join(pkg, "package.json"), JSON.stringify(manifest, null, 2) + "\n");
 copyFileSync(join(root, "sdk-wasm", "README.md"), join(pkg, "README.md"));
+copyFileSync(join(root, "LICENSE"), join(pkg, "LICENSE"));
 console.log(`wrote ${join(pkg, "package.json")} (mpush-sdk ${version})`);

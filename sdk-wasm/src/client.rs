@@ -289,7 +289,7 @@ impl Inner {
                 self.socket_opened = false;
                 let (weak, generation) = (self.me.clone(), self.socket_gen);
                 let sink = move |e: SocketEvent| on_socket_event(&weak, generation, e);
-                match Socket::open(&address, sink) {
+                match Socket::open(&address, self.opts.websocket.as_ref(), sink) {
                     Ok(s) => self.socket = Some(s),
                     Err(e) => {
                         if let Some(s) = self.session.as_mut() {
@@ -561,7 +561,8 @@ impl PushClient {
         if let Err(e) = self.start() {
             return Promise::reject(&e);
         }
-        let p = match self.inner.borrow().state_name() {
+        let state = self.inner.borrow().state_name();
+        let p = match state {
             "connected" => Promise::resolve(&JsValue::UNDEFINED),
             "closed" => Promise::reject(&session_error(&SessionError::Stopped)),
             _ => self.wait(Wait::Connected),

@@ -71,6 +71,9 @@ export interface PushClientOptions {
   onStateChange?: ((state: ConnectionState, detail: StateDetail) => void) | null;
   onKicked?: ((info: KickInfo) => void) | null;
   onError?: ((error: PushError) => void) | null;
+  /** The WebSocket constructor, for runtimes without a global one (Node 18-21:
+   *  `import { WebSocket } from "ws"`). Default: `globalThis.WebSocket`. */
+  WebSocket?: new (url: string) => unknown;
 }
 
 export type ConnectionState = "idle" | "connecting" | "connected" | "disconnected" | "closed";

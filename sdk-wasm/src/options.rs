@@ -66,6 +66,8 @@ pub struct Options {
     pub on_state_change: Option<Function>,
     pub on_kicked: Option<Function>,
     pub on_error: Option<Function>,
+    /// The `WebSocket` constructor to use (`None`: the global one).
+    pub websocket: Option<Function>,
 }
 
 type Invalid = String;
@@ -218,6 +220,15 @@ impl Options {
             on_state_change: callback(o, "onStateChange")?,
             on_kicked: callback(o, "onKicked")?,
             on_error: callback(o, "onError")?,
+            websocket: match callback(o, "WebSocket")? {
+                Some(c) => Some(c),
+                None if js::get(&js_sys::global(), "WebSocket").is_some() => None,
+                None => {
+                    return Err("this runtime has no global WebSocket: pass options.WebSocket \
+                                (e.g. the `ws` package's) to the constructor"
+                        .into());
+                }
+            },
         })
     }
 }

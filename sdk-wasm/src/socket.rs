@@ -5,7 +5,7 @@
 
 use std::cell::Cell;
 
-use js_sys::{ArrayBuffer, Uint8Array};
+use js_sys::{Array, ArrayBuffer, Function, Reflect, Uint8Array};
 use wasm_bindgen::JsCast;
 use wasm_bindgen::closure::Closure;
 use web_sys::{BinaryType, CloseEvent, Event, MessageEvent, WebSocket};
@@ -36,9 +36,19 @@ pub struct Socket {
 }
 
 impl Socket {
-    /// Opens `url`; `sink` gets every event of this socket (and only those).
-    pub fn open(url: &str, sink: impl Fn(SocketEvent) + Clone + 'static) -> Result<Self, String> {
-        let ws = WebSocket::new(url).map_err(|e| js::describe(&e))?;
+    /// Opens `url` with the app's `WebSocket` constructor (the global one
+    /// when `None`); `sink` gets every event of this socket (and only those).
+    pub fn open(
+        url: &str,
+        ctor: Option<&Function>,
+        sink: impl Fn(SocketEvent) + Clone + 'static,
+    ) -> Result<Self, String> {
+        let ws = match ctor {
+            // Any object with the WebSocket interface (the `ws` package, undici's).
+            Some(c) => Reflect::construct(c, &Array::of1(&url.into())).map(JsCast::unchecked_into),
+            None => WebSocket::new(url),
+        }
+        .map_err(|e| js::describe(&e))?;
         ws.set_binary_type(BinaryType::Arraybuffer);
         let s = sink.clone();
         let on_open = Tracked::new(Closure::<dyn FnMut(Event)>::new(move |_: Event| {

@@ -1,9 +1,12 @@
-"""The generated Python bindings against a real mpush-server (started by
-tools/web/with-server.mjs --redis): the shared protocol vectors, connect,
-bind, receive a push, ACK it, up-push, reconnect after a server restart by
-fast connect with the stored ticket, and no SDK thread left after shutdown().
+"""The Python package (the wheel `mpush-sdk`, installed in a fresh venv by
+scripts/test-mobile) against a real mpush-server (started by
+tools/web/with-server.mjs --redis): the shared protocol vectors and error
+table, connect, bind, receive a push, ACK it, up-push, reconnect after a
+server restart by fast connect with the stored ticket, and no SDK thread
+left after shutdown().
 
-Run: python3 test_bindings.py <bindings/python dir>  (scripts/test-mobile does).
+Run: <venv>/bin/python test_bindings.py          (the installed wheel), or
+     python3 test_bindings.py <bindings/python>   (the loose generated module).
 """
 import asyncio
 import json
@@ -13,7 +16,8 @@ import sys
 import traceback
 import urllib.request
 
-sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else str(pathlib.Path(__file__).parents[2] / "bindings" / "python"))
+if len(sys.argv) > 1:
+    sys.path.insert(0, sys.argv[1])
 import mpush_sdk_mobile as m  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -150,7 +154,7 @@ async def online():
 
 def main():
     try:
-        check(f"the library loads (sdk {m.sdk_version()})", bool(m.sdk_version()))
+        check(f"the library loads (sdk {m.sdk_version()}) from {pathlib.Path(m.__file__).parent}", bool(m.sdk_version()))
         vectors()
         error_table()
         if os.environ.get("MPUSH_TEST_TCP"):

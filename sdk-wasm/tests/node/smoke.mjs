@@ -122,6 +122,27 @@ try {
       client.close();
       assert.equal(client.state, "closed");
     });
+
+    await check("a runtime without a global WebSocket: refused clearly, or given a constructor", async () => {
+      const NodeWebSocket = globalThis.WebSocket;
+      let opened = 0;
+      // Counts what the SDK opens: proof that it uses the constructor it was given.
+      class Counted extends NodeWebSocket {
+        constructor(url) { super(url); opened++; }
+      }
+      delete globalThis.WebSocket;
+      try {
+        assert.throws(() => new sdk.PushClient({ servers: ws, storage: null }), (e) => e.code === "invalid_input" && /options\.WebSocket/.test(e.message));
+        const client = new sdk.PushClient({ servers: ws, storage: null, WebSocket: Counted });
+        await client.connect();
+        await client.bind(`node-injected-${process.pid}`);
+        assert.equal(client.state, "connected");
+        assert.equal(opened, 1);
+        client.close();
+      } finally {
+        globalThis.WebSocket = NodeWebSocket;
+      }
+    });
   } else {
     console.log("skip connect test: no MPUSH_TEST_WS/MPUSH_TEST_API or no global WebSocket (use NODE_OPTIONS=--experimental-websocket)");
   }
