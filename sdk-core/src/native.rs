@@ -102,6 +102,9 @@ enum Cmd {
     Foreground(bool),
 }
 
+/// How long one write may wait for a peer that does not read.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Commands waiting for the driver; more wait in `send().await` (the
 /// async ones) or fail with `queue_full` (the others).
 pub const COMMAND_CAPACITY: usize = 256;
@@ -520,11 +523,14 @@ async fn run(
                     }));
                 }
                 Action::Send(b) => {
-                    if let Some(c) = &mut conn
-                        && let Err(e) = c.send(b).await
-                    {
-                        conn = None;
-                        session.handle_closed(&e, Instant::now());
+                    // A peer that stops reading must not hold the driver (and
+                    // a `close()`) for longer than this.
+                    if let Some(c) = &mut conn {
+                        let sent = tokio::time::timeout(SEND_TIMEOUT, c.send(b)).await;
+                        if let Err(e) = sent.unwrap_or_else(|_| Err("write timed out".into())) {
+                            conn = None;
+                            session.handle_closed(&e, Instant::now());
+                        }
                     }
                 }
                 Action::Close => {

@@ -224,9 +224,11 @@ impl Options {
                 Some(c) => Some(c),
                 None if js::get(&js_sys::global(), "WebSocket").is_some() => None,
                 None => {
-                    return Err("this runtime has no global WebSocket: pass options.WebSocket \
+                    return Err(
+                        "this runtime has no global WebSocket: pass options.WebSocket \
                                 (e.g. the `ws` package's) to the constructor"
-                        .into());
+                            .into(),
+                    );
                 }
             },
         })
