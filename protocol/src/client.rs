@@ -48,6 +48,11 @@ pub struct ClientConfig {
     pub max_body: usize,
     /// Ask for the v2 profile; a legacy server ignores the request.
     pub offer_v2: bool,
+    /// This connection is TLS (or loopback in development): use the
+    /// transport-secured profile (ADR 0005): a plaintext handshake, no
+    /// RSA and no cipher. Only servers of this project accept it, and only
+    /// on connections they know to be TLS. Needs `offer_v2`.
+    pub transport_secured: bool,
 }
 
 impl ClientConfig {
@@ -63,6 +68,7 @@ impl ClientConfig {
             compress_over: 1024,
             max_body: 1 << 20,
             offer_v2: true,
+            transport_secured: false,
         }
     }
 }
@@ -278,7 +284,15 @@ impl ClientConnection {
             dedup,
             legacy_dedup: DedupWindow::new(256),
         };
-        match ticket.filter(|t| t.expire_at_ms > unix_ms && !t.session_id.is_empty()) {
+        // A ticket resumes only into its own profile (a transport session
+        // only over a secure transport, a classic one only outside it).
+        let transport = c.transport();
+        let usable = |t: &ResumeTicket| {
+            t.expire_at_ms > unix_ms
+                && !t.session_id.is_empty()
+                && matches!(t.secret, SessionSecret::Transport { .. }) == transport
+        };
+        match ticket.filter(usable) {
             Some(t) => c.start_resume(t, now),
             None => c.start_handshake(now),
         }
@@ -287,6 +301,11 @@ impl ClientConnection {
 
     pub fn profile(&self) -> Profile {
         self.profile
+    }
+
+    /// On the transport-secured profile (asked for by the config).
+    fn transport(&self) -> bool {
+        self.config.transport_secured && self.config.offer_v2
     }
 
     pub fn heartbeat(&self) -> Duration {
@@ -546,6 +565,9 @@ impl ClientConnection {
     // ----- starting -----------------------------------------------------
 
     fn start_handshake(&mut self, now: Instant) {
+        if self.transport() {
+            return self.start_transport_handshake(now);
+        }
         let client_key: [u8; 16] = random_array(&mut self.rng);
         let iv: [u8; 16] = random_array(&mut self.rng);
         let d = &self.config.device;
@@ -585,20 +607,54 @@ impl ClientConnection {
         self.expect_handshake_answer(id, now);
     }
 
+    /// ADR 0005: the handshake in plaintext (the transport is TLS), no keys.
+    fn start_transport_handshake(&mut self, now: Instant) {
+        let d = &self.config.device;
+        let hs = Handshake {
+            device_id: d.device_id.clone(),
+            os_name: d.os_name.clone(),
+            os_version: d.os_version.clone(),
+            client_version: d.client_version.clone(),
+            iv: Vec::new(),
+            client_key: Vec::new(),
+            min_heartbeat: duration_ms(self.config.min_heartbeat),
+            max_heartbeat: duration_ms(self.config.max_heartbeat),
+            timestamp: 0,
+            capabilities: Some(v2::Capabilities::transport()),
+        };
+        let id = self.next_id();
+        let p = Packet::new(Command::HANDSHAKE, id, Flags::NONE, hs.to_bytes());
+        self.write(&Frame::Packet(p).to_bytes(), now);
+        self.sealer.set_cipher(None);
+        self.state = State::Handshaking {
+            client_key: AesKey([0; 16]),
+            iv: [0; 16],
+        };
+        self.expect_handshake_answer(id, now);
+    }
+
     fn start_resume(&mut self, ticket: ResumeTicket, now: Instant) {
         let client_nonce: [u8; 16] = random_array(&mut self.rng);
         let proof = match &ticket.secret {
             SessionSecret::Legacy { .. } => None,
-            SessionSecret::V2 { resume_key } => Some(v2::ResumeProof {
-                capabilities: Some(v2::Capabilities::v2()),
-                client_nonce: client_nonce.to_vec(),
-                proof: resume_proof(
-                    resume_key,
-                    &ticket.session_id,
-                    &self.config.device.device_id,
-                    &client_nonce,
-                ),
-            }),
+            SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => {
+                Some(v2::ResumeProof {
+                    capabilities: Some(
+                        if matches!(ticket.secret, SessionSecret::Transport { .. }) {
+                            v2::Capabilities::transport()
+                        } else {
+                            v2::Capabilities::v2()
+                        },
+                    ),
+                    client_nonce: client_nonce.to_vec(),
+                    proof: resume_proof(
+                        resume_key,
+                        &ticket.session_id,
+                        &self.config.device.device_id,
+                        &client_nonce,
+                    ),
+                })
+            }
         };
         let fc = FastConnect {
             session_id: ticket.session_id.clone(),
@@ -690,6 +746,9 @@ impl ClientConnection {
             return Ok(()); // a late or repeated answer
         };
         let (client_key, iv) = (client_key.clone(), *iv);
+        if self.transport() {
+            return self.on_transport_handshake_ok(p, now);
+        }
         let reply_cipher = SessionCipher::cbc(&client_key, iv);
         let body = self.sealer.open_with(Some(&reply_cipher), p)?;
         let ok = HandshakeOk::from_bytes(&body)?;
@@ -724,9 +783,50 @@ impl ClientConnection {
             secret,
         });
         self.pending.remove(&p.session_id);
-        self.established(cipher, profile, ok.heartbeat, now);
+        self.established(Some(cipher), profile, ok.heartbeat, now);
         self.events.push_back(ClientEvent::Connected {
             profile,
+            heartbeat: self.heartbeat,
+            resumed: false,
+            ticket,
+        });
+        Ok(())
+    }
+
+    /// ADR 0005: a plaintext HANDSHAKE_OK naming the transport profile, its
+    /// `serverKey` the session's resume key.
+    fn on_transport_handshake_ok(&mut self, p: &Packet, now: Instant) -> Result<(), ProtocolError> {
+        if p.flags.contains(Flags::CRYPTO) {
+            return Err(ProtocolError::State(
+                "a sealed answer to a transport handshake",
+            ));
+        }
+        let ok = HandshakeOk::from_bytes(&p.body)?;
+        if !ok
+            .capabilities
+            .as_ref()
+            .is_some_and(v2::Capabilities::has_transport)
+        {
+            return Err(ProtocolError::State(
+                "the server did not take the transport-secured profile",
+            ));
+        }
+        let key: [u8; crate::crypto::RESUME_KEY_LEN] = ok
+            .server_key
+            .as_slice()
+            .try_into()
+            .map_err(|_| DecodeError::BadLength { field: "serverKey" })?;
+        let ticket = (!ok.session_id.is_empty()).then(|| ResumeTicket {
+            session_id: ok.session_id.clone(),
+            expire_at_ms: ok.expire_time,
+            secret: SessionSecret::Transport {
+                resume_key: crate::crypto::ResumeKey(key),
+            },
+        });
+        self.pending.remove(&p.session_id);
+        self.established(None, Profile::V2, ok.heartbeat, now);
+        self.events.push_back(ClientEvent::Connected {
+            profile: Profile::V2,
             heartbeat: self.heartbeat,
             resumed: false,
             ticket,
@@ -746,9 +846,13 @@ impl ClientConnection {
         let mut next = None;
         let (cipher, profile) = match (&ticket.secret, &ok.accept) {
             (SessionSecret::Legacy { key, iv }, _) => {
-                (SessionCipher::cbc(key, *iv), Profile::Legacy)
+                (Some(SessionCipher::cbc(key, *iv)), Profile::Legacy)
             }
-            (SessionSecret::V2 { resume_key }, Some(accept)) => {
+            (
+                SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
+                Some(accept),
+            ) => {
+                let transport = matches!(ticket.secret, SessionSecret::Transport { .. });
                 let want = resume_accept_proof(resume_key, client_nonce, &accept.server_nonce);
                 if !verify_mac(&want, &accept.proof) {
                     return Err(ProtocolError::State(
@@ -758,21 +862,24 @@ impl ClientConnection {
                 let key = connection_key(resume_key, client_nonce, &accept.server_nonce);
                 // Single-use tickets: the server named the session to use next time.
                 if !accept.next_session_id.is_empty() {
+                    let resume_key = crate::crypto::next_resume_key(
+                        resume_key,
+                        client_nonce,
+                        &accept.server_nonce,
+                    );
                     next = Some(ResumeTicket {
                         session_id: accept.next_session_id.clone(),
                         expire_at_ms: accept.next_expire_at_ms,
-                        secret: SessionSecret::V2 {
-                            resume_key: crate::crypto::next_resume_key(
-                                resume_key,
-                                client_nonce,
-                                &accept.server_nonce,
-                            ),
+                        secret: if transport {
+                            SessionSecret::Transport { resume_key }
+                        } else {
+                            SessionSecret::V2 { resume_key }
                         },
                     });
                 }
-                (SessionCipher::gcm(&key), Profile::V2)
+                ((!transport).then(|| SessionCipher::gcm(&key)), Profile::V2)
             }
-            (SessionSecret::V2 { .. }, None) => {
+            (SessionSecret::V2 { .. } | SessionSecret::Transport { .. }, None) => {
                 return Err(ProtocolError::State("v2 resume answered without a proof"));
             }
         };
@@ -789,12 +896,12 @@ impl ClientConnection {
 
     fn established(
         &mut self,
-        cipher: SessionCipher,
+        cipher: Option<SessionCipher>,
         profile: Profile,
         heartbeat_ms: i32,
         now: Instant,
     ) {
-        self.sealer.set_cipher(Some(cipher));
+        self.sealer.set_cipher(cipher);
         self.profile = profile;
         self.heartbeat = Duration::from_millis(u64::try_from(heartbeat_ms).unwrap_or(0).max(1000));
         self.state = State::Established;
@@ -946,6 +1053,7 @@ impl ClientConnection {
 
     fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
         if self.profile == Profile::V2
+            && !self.transport()
             && self.is_established()
             && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty())
         {

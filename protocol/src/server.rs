@@ -70,6 +70,9 @@ pub struct ServerConfig {
     /// (`ServerEvent::DecryptRequested`) instead of doing it inline, so a
     /// driver can run it off its async workers.
     pub offload_rsa: bool,
+    /// Serve the transport-secured profile (ADR 0005) on connections the
+    /// driver marked secure (`set_transport_secured`); never elsewhere.
+    pub accept_transport: bool,
 }
 
 impl ServerConfig {
@@ -92,6 +95,7 @@ impl ServerConfig {
             max_handshake_blocks: 8,
             require_v2: false,
             offload_rsa: false,
+            accept_transport: true,
         }
     }
 }
@@ -281,6 +285,10 @@ pub struct ServerConnection {
     /// A connection gets one full handshake and one fast connect attempt.
     handshake_seen: bool,
     resume_seen: bool,
+    /// The driver says this connection arrived over TLS (ADR 0005).
+    transport_secured: bool,
+    /// Established on the transport-secured profile: no cipher, plaintext bodies.
+    transport: bool,
 }
 
 impl std::fmt::Debug for ServerConnection {
@@ -321,12 +329,26 @@ impl ServerConnection {
             next_push_id: FIRST_PUSH_ID,
             handshake_seen: false,
             resume_seen: false,
+            transport_secured: false,
+            transport: false,
             config,
         }
     }
 
     pub fn profile(&self) -> Profile {
         self.profile
+    }
+
+    /// Before any input: this connection arrived over TLS (the server's own
+    /// listener, or a trusted proxy that says so), so the client may use the
+    /// transport-secured profile (ADR 0005). Never set it for anything else.
+    pub fn set_transport_secured(&mut self, secure: bool) {
+        self.transport_secured = secure;
+    }
+
+    /// Established on the transport-secured profile.
+    pub fn is_transport(&self) -> bool {
+        self.transport
     }
 
     pub fn user(&self) -> Option<&str> {
@@ -473,7 +495,24 @@ impl ServerConnection {
         let Some(record) = record.filter(|r| !expired(r)) else {
             return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         };
-        let v2_record = matches!(record.secret, SessionSecret::V2 { .. });
+        let v2_record = matches!(
+            record.secret,
+            SessionSecret::V2 { .. } | SessionSecret::Transport { .. }
+        );
+        // A transport session resumes only on a secure transport and into
+        // the same profile; a classic one only outside it (ADR 0005). A
+        // mismatch looks like an unknown session: the client handshakes.
+        let wants_transport = request
+            .proof
+            .as_ref()
+            .and_then(|p| p.capabilities.as_ref())
+            .is_some_and(v2::Capabilities::has_transport);
+        let is_transport = matches!(record.secret, SessionSecret::Transport { .. });
+        if wants_transport != is_transport
+            || (is_transport && !(self.transport_secured && self.config.accept_transport))
+        {
+            return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+        }
         if record.device.device_id != request.device_id {
             // On v2 a wrong device id looks exactly like a wrong proof, so a
             // prober learns nothing about whose session it holds.
@@ -491,9 +530,12 @@ impl ServerConnection {
         let mut next = None;
         let (cipher, profile, accept) = match (&record.secret, &request.proof) {
             (SessionSecret::Legacy { key, iv }, _) => {
-                (SessionCipher::cbc(key, *iv), Profile::Legacy, None)
+                (Some(SessionCipher::cbc(key, *iv)), Profile::Legacy, None)
             }
-            (SessionSecret::V2 { resume_key }, Some(proof)) if self.config.enable_v2 => {
+            (
+                SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
+                Some(proof),
+            ) if self.config.enable_v2 => {
                 let want = resume_proof(
                     resume_key,
                     &request.session_id,
@@ -509,15 +551,19 @@ impl ServerConnection {
                 };
                 let next_id = hex_id(&next_raw);
                 let next_expire = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+                let next_key =
+                    crate::crypto::next_resume_key(resume_key, &proof.client_nonce, &server_nonce);
                 next = Some(SessionRecord {
                     session_id: next_id.clone(),
                     device: record.device.clone(),
-                    secret: SessionSecret::V2 {
-                        resume_key: crate::crypto::next_resume_key(
-                            resume_key,
-                            &proof.client_nonce,
-                            &server_nonce,
-                        ),
+                    secret: if is_transport {
+                        SessionSecret::Transport {
+                            resume_key: next_key,
+                        }
+                    } else {
+                        SessionSecret::V2 {
+                            resume_key: next_key,
+                        }
                     },
                     expire_at_ms: next_expire,
                 });
@@ -527,11 +573,17 @@ impl ServerConnection {
                     next_session_id: next_id,
                     next_expire_at_ms: next_expire,
                 };
-                let key = connection_key(resume_key, &proof.client_nonce, &server_nonce);
-                (SessionCipher::gcm(&key), Profile::V2, Some(accept))
+                let cipher = (!is_transport).then(|| {
+                    SessionCipher::gcm(&connection_key(
+                        resume_key,
+                        &proof.client_nonce,
+                        &server_nonce,
+                    ))
+                });
+                (cipher, Profile::V2, Some(accept))
             }
             // A v2 session without a proof (or with v2 turned off) cannot resume.
-            (SessionSecret::V2 { .. }, _) => {
+            (SessionSecret::V2 { .. } | SessionSecret::Transport { .. }, _) => {
                 return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
             }
         };
@@ -540,7 +592,8 @@ impl ServerConnection {
             accept,
         };
         self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
-        self.sealer.set_cipher(Some(cipher));
+        self.sealer.set_cipher(cipher);
+        self.transport = is_transport;
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
         self.user = None;
@@ -740,11 +793,11 @@ impl ServerConnection {
         if !p.flags.contains(Flags::CRYPTO) {
             // mpush accepts a plaintext handshake (spec 11.9); so do we,
             // unless only v2 is served.
-            if self.config.require_v2 {
+            if self.config.require_v2 && !self.transport_secured {
                 self.refuse_handshake(p.session_id, "plaintext handshake (v2 required)");
                 return Ok(());
             }
-            return self.complete_handshake(p.session_id, p.body.to_vec(), now);
+            return self.complete_handshake(p.session_id, p.body.to_vec(), true, now);
         }
         let max = self.config.private_key.size() * self.config.max_handshake_blocks;
         if p.body.is_empty() || p.body.len() > max {
@@ -798,16 +851,24 @@ impl ServerConnection {
         } else {
             plain
         };
-        self.complete_handshake(request, body, now)
+        self.complete_handshake(request, body, false, now)
     }
 
     fn complete_handshake(
         &mut self,
         request: i32,
         body: Vec<u8>,
+        plaintext: bool,
         now: Instant,
     ) -> Result<(), ProtocolError> {
         let mut hs = Handshake::from_bytes(&body)?;
+        if hs
+            .capabilities
+            .as_ref()
+            .is_some_and(v2::Capabilities::has_transport)
+        {
+            return self.complete_transport_handshake(request, hs, plaintext, now);
+        }
         let key_bytes = zeroize::Zeroizing::new(std::mem::take(&mut hs.client_key));
         let (Ok(iv), Ok(client_key)) = (
             <[u8; 16]>::try_from(hs.iv.as_slice()),
@@ -893,6 +954,76 @@ impl ServerConnection {
             }),
             device,
             profile,
+        });
+        Ok(())
+    }
+
+    /// The transport-secured profile (ADR 0005): a plaintext handshake on a
+    /// connection the driver marked secure. No RSA, no cipher; the resume
+    /// key is drawn here and sent inside TLS in `serverKey`.
+    fn complete_transport_handshake(
+        &mut self,
+        request: i32,
+        hs: Handshake,
+        plaintext: bool,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        let allowed = plaintext
+            && self.transport_secured
+            && self.config.accept_transport
+            && self.config.enable_v2;
+        if !allowed {
+            self.refuse_handshake(request, "transport profile on a connection that is not TLS");
+            return Ok(());
+        }
+        let device = DeviceInfo {
+            device_id: hs.device_id,
+            os_name: hs.os_name,
+            os_version: hs.os_version,
+            client_version: hs.client_version,
+        };
+        if device.device_id.is_empty() {
+            self.refuse_handshake(request, "handshake without a device id");
+            return Ok(());
+        }
+        if let Err(field) = device.check_limits() {
+            self.refuse_handshake(request, field);
+            return Ok(());
+        }
+        let (Some(key), Some(id_raw)) = (
+            self.draw::<{ crate::crypto::RESUME_KEY_LEN }>(),
+            self.draw::<16>(),
+        ) else {
+            self.refuse_handshake(request, "no handshake in this state");
+            return Ok(());
+        };
+        let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
+        let session_id = hex_id(&id_raw);
+        let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+        let ok = HandshakeOk {
+            server_key: key.to_vec(),
+            heartbeat: duration_ms(heartbeat),
+            session_id: session_id.clone(),
+            expire_time: expire_at_ms,
+            capabilities: Some(v2::Capabilities::transport()),
+        };
+        self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
+        self.sealer.set_cipher(None);
+        self.transport = true;
+        self.profile = Profile::V2;
+        self.set_heartbeat(heartbeat, now);
+        self.establish();
+        self.events.push_back(ServerEvent::HandshakeCompleted {
+            session: Some(SessionRecord {
+                session_id,
+                device: device.clone(),
+                secret: SessionSecret::Transport {
+                    resume_key: crate::crypto::ResumeKey(key),
+                },
+                expire_at_ms,
+            }),
+            device,
+            profile: Profile::V2,
         });
         Ok(())
     }
@@ -1080,7 +1211,10 @@ impl ServerConnection {
     fn open(&self, p: &Packet) -> Result<Bytes, ProtocolError> {
         // Empty bodies too: a sealed empty body still carries its AEAD tag,
         // so nothing unauthenticated (an injected bare ACK) is accepted.
-        if self.profile == Profile::V2 && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty()) {
+        if self.profile == Profile::V2
+            && !self.transport
+            && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty())
+        {
             return Err(ProtocolError::State("v2 requires sealed bodies"));
         }
         self.sealer.open(p)

@@ -143,6 +143,10 @@ pub enum SessionSecret {
     Legacy { key: AesKey, iv: [u8; 16] },
     /// v2: a resume key that never goes on the wire.
     V2 { resume_key: ResumeKey },
+    /// v2 on the transport-secured profile (ADR 0005): the resume key the
+    /// server drew and sent inside TLS. Such a session resumes only on a
+    /// secure transport, and only into the same profile.
+    Transport { resume_key: ResumeKey },
 }
 
 /// What the server stores under a session id so a client can fast-connect.
@@ -192,7 +196,7 @@ impl ResumeTicket {
                 signed_bytes(&key.0),
                 signed_bytes(iv)
             )),
-            SessionSecret::V2 { .. } => None,
+            SessionSecret::V2 { .. } | SessionSecret::Transport { .. } => None,
         }
     }
 
@@ -201,8 +205,13 @@ impl ResumeTicket {
     pub fn to_text(&self) -> String {
         match &self.secret {
             SessionSecret::Legacy { .. } => self.to_token_dat().unwrap_or_default(),
-            SessionSecret::V2 { resume_key } => format!(
-                "v2,{},{},{}",
+            SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => format!(
+                "{},{},{},{}",
+                if matches!(self.secret, SessionSecret::V2 { .. }) {
+                    "v2"
+                } else {
+                    "vt"
+                },
                 self.session_id,
                 self.expire_at_ms,
                 resume_key
@@ -217,8 +226,10 @@ impl ResumeTicket {
     /// Parses `to_text`'s output (and mpush's `token.dat`).
     pub fn from_text(line: &str) -> Option<Self> {
         let line = line.trim();
-        let Some(rest) = line.strip_prefix("v2,") else {
-            return Self::from_token_dat(line);
+        let (transport, rest) = match (line.strip_prefix("v2,"), line.strip_prefix("vt,")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) => (true, rest),
+            _ => return Self::from_token_dat(line),
         };
         let parts: Vec<&str> = rest.split(',').collect();
         let [sid, exp, key] = parts.as_slice() else {
@@ -231,11 +242,14 @@ impl ResumeTicket {
         for (i, b) in k.iter_mut().enumerate() {
             *b = u8::from_str_radix(&key[2 * i..2 * i + 2], 16).ok()?;
         }
+        let resume_key = crate::crypto::ResumeKey(k);
         Some(Self {
             session_id: (*sid).to_owned(),
             expire_at_ms: exp.parse().ok()?,
-            secret: SessionSecret::V2 {
-                resume_key: crate::crypto::ResumeKey(k),
+            secret: if transport {
+                SessionSecret::Transport { resume_key }
+            } else {
+                SessionSecret::V2 { resume_key }
             },
         })
     }
@@ -277,7 +291,7 @@ impl SessionRecord {
                 signed_bytes(&key.0),
                 signed_bytes(iv)
             )),
-            SessionSecret::V2 { .. } => None,
+            SessionSecret::V2 { .. } | SessionSecret::Transport { .. } => None,
         }
     }
 

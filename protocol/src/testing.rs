@@ -153,6 +153,8 @@ pub struct Pair {
     pub up_push_refusal: Option<crate::server::UpPushRefusal>,
     pub client_config: Arc<ClientConfig>,
     pub server_config: Arc<ServerConfig>,
+    /// The server's connections count as TLS (ADR 0005): `secure()`.
+    pub secure_transport: bool,
     rng: Rng,
 }
 
@@ -236,10 +238,19 @@ impl Pair {
             up_push_refusal: None,
             client_config,
             server_config,
+            secure_transport: false,
             rng,
         };
         pair.pump();
         pair
+    }
+
+    /// Marks the server's connection (and those of later reconnects) as
+    /// arrived over TLS. Call before stepping: nothing reached it yet.
+    pub fn secure(mut self) -> Self {
+        self.secure_transport = true;
+        self.server.set_transport_secured(true);
+        self
     }
 
     /// Elapsed fake time.
@@ -266,6 +277,7 @@ impl Pair {
             self.now,
             unix,
         );
+        self.server.set_transport_secured(self.secure_transport);
         self.c2s.clear();
         self.s2c.clear();
         self.pump();

@@ -618,3 +618,106 @@ fn closing_reports_unacked_pushes() {
         ServerEvent::Closed { reason: CloseReason::Local, unacked } if unacked.iter().map(|p| p.message_id).collect::<Vec<_>>() == vec![1, 2]
     )));
 }
+
+/// ADR 0005: a pair on the transport-secured profile.
+fn transport_pair(seed: u64, secure: bool) -> Pair {
+    let key = mpush_protocol::testing::default_key();
+    let mut cc = mpush_protocol::client::ClientConfig::new(
+        std::sync::Arc::new(key.public()),
+        mpush_protocol::testing::test_device(),
+    );
+    cc.transport_secured = true;
+    let sc = mpush_protocol::server::ServerConfig::new(key);
+    let p = Pair::with_configs(seed, cc, sc, LinkFaults::perfect(), None);
+    if secure { p.secure() } else { p }
+}
+
+#[test]
+fn the_transport_profile_needs_no_crypto_and_works_like_v2() {
+    let mut p = transport_pair(40, true);
+    assert!(p.run_until(5 * SEC, |p| connected(p).is_some()));
+    let (profile, resumed, ticket) = connected(&p).expect("connected");
+    assert_eq!(profile, Profile::V2);
+    assert!(!resumed);
+    assert!(p.server.is_transport());
+    let ticket = ticket.expect("ticket");
+    assert!(matches!(ticket.secret, SessionSecret::Transport { .. }));
+    assert!(ticket.to_text().starts_with("vt,"), "{}", ticket.to_text());
+    assert_eq!(
+        ResumeTicket::from_text(&ticket.to_text()),
+        Some(ticket.clone())
+    );
+    // v2 semantics on plaintext packets: message ids, ACKs, binds.
+    bind(&mut p, "user-t");
+    push(&mut p, 7, AckMode::Auto).expect("push");
+    assert!(p.run_until(5 * SEC, |p| server_count(p, |e| matches!(
+        e,
+        ServerEvent::Acked { push } if push.message_id == 7
+    )) == 1));
+    assert_eq!(messages(&p), vec!["hello 7"]);
+
+    // Fast connect with the transport ticket: the same profile, no cipher.
+    p.reconnect(Some(ticket));
+    p.client_events.clear();
+    assert!(p.run_until(5 * SEC, |p| connected(p).is_some()));
+    let (profile, resumed, next) = connected(&p).expect("connected");
+    assert!(resumed && profile == Profile::V2 && p.server.is_transport());
+    assert!(matches!(
+        next.map(|t| t.secret),
+        Some(SessionSecret::Transport { .. })
+    ));
+    bind(&mut p, "user-t");
+    push(&mut p, 8, AckMode::Auto).expect("push");
+    assert!(p.run_until(5 * SEC, |p| server_count(p, |e| matches!(
+        e,
+        ServerEvent::Acked { push } if push.message_id == 8
+    )) == 1));
+}
+
+#[test]
+fn the_transport_profile_is_refused_on_a_connection_that_is_not_tls() {
+    // The attacker's view: a plaintext handshake on plain TCP gets nowhere.
+    let mut p = transport_pair(41, false);
+    p.run_for(5 * SEC);
+    assert!(connected(&p).is_none(), "not established");
+    assert!(!p.server.is_established());
+    assert!(
+        p.server_events
+            .iter()
+            .all(|e| !matches!(e, ServerEvent::HandshakeCompleted { .. }))
+    );
+
+    // A transport ticket is not resumed on a plain connection, and a classic
+    // v2 ticket not on a transport one: both end in a full handshake.
+    let mut secure = transport_pair(42, true);
+    assert!(secure.run_until(5 * SEC, |p| connected(p).is_some()));
+    let transport_ticket = connected(&secure).and_then(|c| c.2).expect("ticket");
+    let mut classic = handshake(43, true, true);
+    classic.sessions.extend(secure.sessions.clone());
+    classic.reconnect(Some(transport_ticket.clone()));
+    classic.client_events.clear();
+    assert!(classic.run_until(5 * SEC, |p| connected(p).is_some()));
+    assert_eq!(
+        connected(&classic).map(|c| c.1),
+        Some(false),
+        "handshake, not resume"
+    );
+    assert!(!classic.server.is_transport());
+
+    // The transport session presented with the TRANSPORT capability on a
+    // plain connection (TLS stripped): refused (103), and no handshake follows.
+    let forged = transport_ticket;
+    let mut plain = transport_pair(44, false);
+    plain.sessions.extend(secure.sessions.clone());
+    plain.reconnect(Some(forged));
+    plain.run_for(5 * SEC);
+    assert!(
+        plain.client_events.iter().any(|e| matches!(
+            e,
+            ClientEvent::ResumeRejected { code } if *code == ErrorCode::SESSION_EXPIRED
+        )),
+        "{:?}",
+        plain.client_events
+    );
+    assert!(!plain.server.is_established());
+}

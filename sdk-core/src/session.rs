@@ -52,6 +52,11 @@ pub struct SessionConfig {
     /// trusted (pinning, for private deployments and self-signed servers).
     /// Browsers use the page's own trust instead.
     pub tls_pinned_cert_pem: Option<String>,
+    /// On `tls://` and `wss://` addresses, use the transport-secured profile
+    /// (ADR 0005: no RSA or AES on top of TLS; servers of this project
+    /// only). If a server refuses it, the session goes back to the classic
+    /// handshake for good. Off by default.
+    pub transport_profile: bool,
 }
 
 impl SessionConfig {
@@ -79,6 +84,7 @@ impl SessionConfig {
             outbound_capacity: Self::DEFAULT_OUTBOUND_CAPACITY,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             tls_pinned_cert_pem: None,
+            transport_profile: false,
         }
     }
 
@@ -394,6 +400,13 @@ enum Link {
 pub struct Session {
     config: Arc<SessionConfig>,
     client_config: Arc<ClientConfig>,
+    /// The same on the transport-secured profile (ADR 0005).
+    transport_config: Arc<ClientConfig>,
+    /// A server refused the transport profile: classic handshakes from now on.
+    transport_refused: bool,
+    /// The current connection uses it, and has (not) been established.
+    conn_transport: bool,
+    conn_established: bool,
     rng: Rng,
     clock: (Instant, i64),
     backoff: Backoff,
@@ -448,8 +461,14 @@ impl Session {
         cc.offer_v2 = config.offer_v2;
         cc.min_heartbeat = config.heartbeat;
         cc.max_heartbeat = config.heartbeat;
+        let mut tc = cc.clone();
+        tc.transport_secured = true;
         let mut s = Self {
             client_config: Arc::new(cc),
+            transport_config: Arc::new(tc),
+            transport_refused: false,
+            conn_transport: false,
+            conn_established: false,
             rng: Rng::from_seed(seed),
             clock: (now, unix_ms),
             backoff: Backoff::new(config.backoff.clone()),
@@ -539,8 +558,18 @@ impl Session {
             .dedup
             .take()
             .unwrap_or_else(|| DedupWindow::new(self.config.dedup_capacity));
+        self.conn_transport = self.config.transport_profile
+            && self.config.offer_v2
+            && !self.transport_refused
+            && (address.starts_with("tls://") || address.starts_with("wss://"));
+        self.conn_established = false;
+        let config = if self.conn_transport {
+            &self.transport_config
+        } else {
+            &self.client_config
+        };
         let conn = ClientConnection::new(
-            self.client_config.clone(),
+            config.clone(),
             random_array(&mut self.rng),
             now,
             unix,
@@ -870,6 +899,13 @@ impl Session {
     }
 
     fn drop_connection(&mut self) {
+        if self.conn_transport && !self.conn_established {
+            // A transport-profile connection that ended before it was up:
+            // the server would not take the profile (an older server, or
+            // mpush), or the network failed mid-handshake. Either way the
+            // classic handshake is used from now on, which every server takes.
+            self.transport_refused = true;
+        }
         if let Link::Connected { conn, .. } = &mut self.link {
             self.dedup = Some(conn.take_dedup());
         }
@@ -933,6 +969,7 @@ impl Session {
                 ..
             } => {
                 self.backoff.reset();
+                self.conn_established = true;
                 if let Some(t) = ticket {
                     self.events.push_back(SessionEvent::TicketUpdated {
                         ticket: t.to_text(),
@@ -1072,9 +1109,12 @@ impl Session {
                         reason: why.clone(),
                     });
                 }
+                // A refused transport-profile handshake is not final: the
+                // classic handshake comes next (see drop_connection).
+                let fall_back = self.conn_transport && !self.conn_established;
                 self.actions.push_back(Action::Close);
                 self.drop_connection();
-                if reconnect {
+                if reconnect || fall_back {
                     self.retry_later(now, format!("{reason:?}"));
                 } else {
                     self.stop(format!("{reason:?}"));

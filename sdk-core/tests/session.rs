@@ -31,6 +31,10 @@ struct Net {
 
 impl Net {
     fn new(servers: &[&str], v2: bool) -> Self {
+        Self::with(servers, v2, |_| {})
+    }
+
+    fn with(servers: &[&str], v2: bool, tune: impl FnOnce(&mut SessionConfig)) -> Self {
         let key: Arc<RsaPrivate> = default_key();
         let mut cfg = SessionConfig::new(
             servers.iter().map(|s| s.to_string()).collect(),
@@ -38,6 +42,7 @@ impl Net {
             test_device(),
         );
         cfg.offer_v2 = v2;
+        tune(&mut cfg);
         let now = Instant::now();
         let session = Session::new(cfg, None, [7; 32], now, 1_700_000_000_000);
         let mut n = Self {
@@ -799,6 +804,28 @@ fn the_state_is_queryable_and_every_change_is_an_event_before_its_detail() {
     n.session.close();
     n.pump();
     assert_eq!(n.session.state().name(), "closed");
+}
+
+/// ADR 0005: a server that will not take the transport-secured profile (here:
+/// its connection is not marked TLS, as an older server would behave) costs
+/// one attempt; the session then uses the classic handshake for good.
+#[test]
+fn a_refused_transport_profile_falls_back_to_the_classic_handshake() {
+    let mut n = Net::with(&["tls://a:1"], true, |c| c.transport_profile = true);
+    n.advance(Duration::from_secs(30));
+    assert!(n.session.is_connected(), "{:?}", n.events);
+    assert!(
+        n.opened.len() >= 2,
+        "a refused attempt, then the classic one"
+    );
+    let ticket = n.events.iter().rev().find_map(|e| match e {
+        SessionEvent::TicketUpdated { ticket } if !ticket.is_empty() => Some(ticket.clone()),
+        _ => None,
+    });
+    assert!(
+        ticket.is_some_and(|t| t.starts_with("v2,")),
+        "a classic v2 session"
+    );
 }
 
 #[test]

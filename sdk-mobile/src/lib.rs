@@ -169,6 +169,11 @@ pub struct PushConfig {
     /// roots.
     #[uniffi(default = None)]
     pub tls_pinned_cert_pem: Option<String>,
+    /// On `tls://` and `wss://` servers of this project: skip RSA and AES
+    /// (the transport-secured profile, ADR 0005); falls back to the classic
+    /// handshake if a server refuses it.
+    #[uniffi(default = false)]
+    pub transport_profile: bool,
 }
 
 /// A message for the app.
@@ -361,6 +366,7 @@ fn session_config(c: &PushConfig) -> Result<SessionConfig, PushError> {
         .outbound_capacity
         .map_or(s.outbound_capacity, |n| n as usize);
     s.tls_pinned_cert_pem = c.tls_pinned_cert_pem.clone();
+    s.transport_profile = c.transport_profile;
     s.validate()?;
     Ok(s)
 }

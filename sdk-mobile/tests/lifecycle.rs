@@ -36,6 +36,7 @@ fn config(server: String) -> PushConfig {
         dedup_capacity: Some(16),
         outbound_capacity: Some(2),
         tls_pinned_cert_pem: None,
+        transport_profile: false,
     }
 }
 

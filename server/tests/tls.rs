@@ -265,3 +265,91 @@ async fn a_silent_tls_client_is_closed_at_the_handshake_deadline() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// ADR 0005: on `tls://` and `wss://` the native SDK can skip RSA and AES;
+/// the server takes that profile only on its TLS listeners. A ticket of the
+/// profile starts with `vt,`, and it resumes into the same profile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_transport_secured_profile_over_tls_and_never_over_plain_tcp() {
+    let dir = std::env::temp_dir().join(format!("mpush-tls-tp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = self_signed();
+    let (cert_file, key_file) = write(&dir, &cert, &key);
+    let mut s = settings();
+    s.tls.cert_file = cert_file.to_string_lossy().into_owned();
+    s.tls.key_file = key_file.to_string_lossy().into_owned();
+    let server = start(s).await;
+    let base = format!("https://127.0.0.1:{}", server.http.port());
+    let http = https_client(&cert);
+    for (i, address) in [
+        format!("tls://127.0.0.1:{}", server.tcp.port()),
+        format!("wss://127.0.0.1:{}/", server.ws.expect("ws").port()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+        let user = format!("tp-{i}");
+        let mut cfg = SessionConfig::new(vec![address.clone()], key, device(&user, "android"));
+        cfg.tls_pinned_cert_pem = Some(cert.clone());
+        cfg.transport_profile = true;
+        let mut c = Client::connect(ClientOptions {
+            session: cfg,
+            ticket_store: None,
+        })
+        .expect("valid options");
+        let SessionEvent::TicketUpdated { ticket } = next(&mut c, "a ticket", |e| {
+            matches!(e, SessionEvent::TicketUpdated { .. })
+        })
+        .await
+        else {
+            unreachable!()
+        };
+        assert!(ticket.starts_with("vt,"), "{address}: {ticket}");
+        c.bind(&user, "", "").await.expect("bind");
+        https_push(&http, &base, &user, "no rsa here").await;
+        message(&mut c, "no rsa here").await;
+        c.close();
+    }
+
+    // The same plaintext handshake on the plain TCP listener: refused, no
+    // session. (A raw protocol client: the SDK only offers it over TLS.)
+    let plain = start(settings()).await;
+    let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+    let mut cc = mpush_protocol::client::ClientConfig::new(key, device("tp-plain", "android"));
+    cc.transport_secured = true;
+    let mut conn = mpush_protocol::client::ClientConnection::new(
+        Arc::new(cc),
+        [5; 32],
+        mpush_protocol::Instant::now(),
+        0,
+        None,
+        mpush_protocol::dedup::DedupWindow::default(),
+    );
+    let mut sock = tokio::net::TcpStream::connect(plain.tcp)
+        .await
+        .expect("connect");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    while let Some(b) = conn.poll_transmit() {
+        sock.write_all(&b).await.expect("write");
+    }
+    let mut buf = vec![0u8; 4096];
+    let mut connected = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, sock.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                conn.handle_input(&buf[..n], mpush_protocol::Instant::now());
+                while let Some(e) = conn.poll_event() {
+                    connected |= matches!(e, mpush_protocol::client::ClientEvent::Connected { .. });
+                }
+            }
+            Err(_) => panic!("the server neither answered nor closed"),
+        }
+    }
+    assert!(!connected, "a plaintext session on a plain connection");
+    plain.shutdown().await;
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

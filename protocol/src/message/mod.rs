@@ -41,12 +41,28 @@ pub mod v2 {
     /// The profile number this crate speaks.
     pub const PROFILE: u32 = 2;
 
+    /// `features` bit: the transport-secured profile (ADR 0005). The
+    /// connection is TLS, so packets carry no application-layer crypto.
+    pub const FEATURE_TRANSPORT: u32 = 1;
+
     impl Capabilities {
         pub fn v2() -> Self {
             Self {
                 profile: PROFILE,
                 features: 0,
             }
+        }
+
+        /// v2 on the transport-secured profile.
+        pub fn transport() -> Self {
+            Self {
+                profile: PROFILE,
+                features: FEATURE_TRANSPORT,
+            }
+        }
+
+        pub fn has_transport(&self) -> bool {
+            self.profile >= PROFILE && self.features & FEATURE_TRANSPORT != 0
         }
     }
 }

@@ -46,20 +46,24 @@ struct Driver<T: Transport> {
 }
 
 /// Serves one accepted connection (counted by `Hub::opened`) until it closes.
+/// `secure`: it arrived over TLS (our listener, or a trusted proxy that says
+/// so), so the transport-secured profile is allowed on it (ADR 0005).
 pub async fn serve<T: Transport>(
     transport: T,
     gw: Arc<Gateway>,
     conn_id: u64,
     peer: SocketAddr,
     slot: IpSlot,
+    secure: bool,
 ) {
     let now = Instant::now();
-    let machine = Box::new(ServerConnection::new(
+    let mut machine = Box::new(ServerConnection::new(
         gw.hub.proto().clone(),
         seed(),
         now,
         unix_ms(),
     ));
+    machine.set_transport_secured(secure);
     let tx = Arc::new(ConnQueue::new(gw.hub.cfg().settings.limits.outbound_queue));
     let mut d = Driver {
         gw,

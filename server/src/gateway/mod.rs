@@ -116,10 +116,10 @@ pub async fn accept_loop(
         match (kind, tls.clone()) {
             (Kind::Tcp, None) => {
                 let Some(slot) = slot else { continue };
-                tokio::spawn(conn::serve(Tcp(stream), gw, conn_id, peer, slot));
+                tokio::spawn(conn::serve(Tcp(stream), gw, conn_id, peer, slot, false));
             }
             (Kind::Ws, None) => {
-                tokio::spawn(upgrade(stream, gw, conn_id, peer, slot));
+                tokio::spawn(upgrade(stream, false, gw, conn_id, peer, slot));
             }
             (kind, Some(acceptor)) => {
                 tokio::spawn(tls_then(acceptor, kind, stream, gw, conn_id, peer, slot));
@@ -168,10 +168,10 @@ async fn tls_then(
     };
     match (kind, slot) {
         (Kind::Tcp, Some(slot)) => {
-            conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot).await;
+            conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot, true).await;
         }
         (Kind::Tcp, None) => gw.hub.closed_conn(),
-        (Kind::Ws, slot) => upgrade(tls, gw, conn_id, peer, slot).await,
+        (Kind::Ws, slot) => upgrade(tls, true, gw, conn_id, peer, slot).await,
     }
 }
 
@@ -191,8 +191,10 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
 /// The WebSocket upgrade, then the connection. The upgrade's state (its
 /// buffers, the forwarding headers) lives in its own boxed future, freed
 /// before the connection is served: an idle connection does not carry it.
+/// `tls`: the stream is our own TLS listener's (ADR 0005's secure transport).
 async fn upgrade<S>(
     stream: S,
+    tls: bool,
     gw: Arc<Gateway>,
     conn_id: u64,
     peer: SocketAddr,
@@ -202,7 +204,9 @@ async fn upgrade<S>(
 {
     let upgraded = Box::pin(ws_handshake(stream, &gw, peer, slot)).await;
     match upgraded {
-        Some((ws, peer, slot)) => conn::serve(Ws(ws), gw, conn_id, peer, slot).await,
+        Some((ws, peer, slot, forwarded_tls)) => {
+            conn::serve(Ws(ws), gw, conn_id, peer, slot, tls || forwarded_tls).await;
+        }
         None => gw.hub.closed_conn(),
     }
 }
@@ -214,7 +218,7 @@ async fn ws_handshake<S>(
     gw: &Gateway,
     peer: SocketAddr,
     slot: Option<IpSlot>,
-) -> Option<(WebSocketStream<S>, SocketAddr, IpSlot)>
+) -> Option<(WebSocketStream<S>, SocketAddr, IpSlot, bool)>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -246,7 +250,9 @@ where
         Err(_) => return None,
     };
     match slot {
-        Some(s) => Some((ws, peer, s)),
+        Some(s) => Some((ws, peer, s, false)),
+        // Trusted proxies are configured: the client's address, and whether
+        // its own connection was TLS, come from them.
         None => {
             let f = gw
                 .hub
@@ -254,7 +260,7 @@ where
                 .proxies
                 .resolve(peer.ip(), seen.0.as_deref(), seen.1.as_deref());
             let s = admit(gw, f.client)?;
-            Some((ws, SocketAddr::new(f.client, 0), s))
+            Some((ws, SocketAddr::new(f.client, 0), s, f.secure))
         }
     }
 }

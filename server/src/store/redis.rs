@@ -89,8 +89,10 @@ impl SessionStore for RedisSessions {
         let ttl_ms = (r.expire_at_ms - unix_ms()).max(1000);
         let value = match &r.secret {
             SessionSecret::Legacy { .. } => r.to_mpush_value().unwrap_or_default(),
-            SessionSecret::V2 { resume_key } => json!({
+            SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => json!({
+                // "t": a transport-secured session (ADR 0005), resumed only over TLS.
                 "v": 2,
+                "t": matches!(r.secret, SessionSecret::Transport { .. }),
                 "deviceId": r.device.device_id,
                 "osName": r.device.os_name,
                 "osVersion": r.device.os_version,
@@ -170,8 +172,14 @@ fn parse_session(
                 os_version: s("osVersion"),
                 client_version: s("clientVersion"),
             },
-            secret: SessionSecret::V2 {
-                resume_key: ResumeKey(key),
+            secret: if v["t"].as_bool() == Some(true) {
+                SessionSecret::Transport {
+                    resume_key: ResumeKey(key),
+                }
+            } else {
+                SessionSecret::V2 {
+                    resume_key: ResumeKey(key),
+                }
             },
             expire_at_ms,
         })
