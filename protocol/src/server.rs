@@ -285,10 +285,20 @@ pub struct ServerConnection {
     /// A connection gets one full handshake and one fast connect attempt.
     handshake_seen: bool,
     resume_seen: bool,
-    /// The driver says this connection arrived over TLS (ADR 0005).
-    transport_secured: bool,
-    /// Established on the transport-secured profile: no cipher, plaintext bodies.
-    transport: bool,
+    /// What the transport allows (ADR 0005); one byte, so an idle
+    /// connection stays the size it was.
+    transport: Transport,
+}
+
+/// ADR 0005: where a connection stands with the transport-secured profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// Not known to be TLS: the profile is refused.
+    Plain,
+    /// The driver says it arrived over TLS: the profile is allowed.
+    Secure,
+    /// Established on the profile: no cipher, plaintext bodies.
+    Profile,
 }
 
 impl std::fmt::Debug for ServerConnection {
@@ -329,8 +339,7 @@ impl ServerConnection {
             next_push_id: FIRST_PUSH_ID,
             handshake_seen: false,
             resume_seen: false,
-            transport_secured: false,
-            transport: false,
+            transport: Transport::Plain,
             config,
         }
     }
@@ -343,12 +352,20 @@ impl ServerConnection {
     /// listener, or a trusted proxy that says so), so the client may use the
     /// transport-secured profile (ADR 0005). Never set it for anything else.
     pub fn set_transport_secured(&mut self, secure: bool) {
-        self.transport_secured = secure;
+        self.transport = if secure {
+            Transport::Secure
+        } else {
+            Transport::Plain
+        };
     }
 
     /// Established on the transport-secured profile.
     pub fn is_transport(&self) -> bool {
-        self.transport
+        self.transport == Transport::Profile
+    }
+
+    fn transport_secured(&self) -> bool {
+        self.transport != Transport::Plain
     }
 
     pub fn user(&self) -> Option<&str> {
@@ -509,7 +526,7 @@ impl ServerConnection {
             .is_some_and(v2::Capabilities::has_transport);
         let is_transport = matches!(record.secret, SessionSecret::Transport { .. });
         if wants_transport != is_transport
-            || (is_transport && !(self.transport_secured && self.config.accept_transport))
+            || (is_transport && !(self.transport_secured() && self.config.accept_transport))
         {
             return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         }
@@ -593,7 +610,9 @@ impl ServerConnection {
         };
         self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
         self.sealer.set_cipher(cipher);
-        self.transport = is_transport;
+        if is_transport {
+            self.transport = Transport::Profile;
+        }
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
         self.user = None;
@@ -793,7 +812,7 @@ impl ServerConnection {
         if !p.flags.contains(Flags::CRYPTO) {
             // mpush accepts a plaintext handshake (spec 11.9); so do we,
             // unless only v2 is served.
-            if self.config.require_v2 && !self.transport_secured {
+            if self.config.require_v2 && !self.transport_secured() {
                 self.refuse_handshake(p.session_id, "plaintext handshake (v2 required)");
                 return Ok(());
             }
@@ -969,7 +988,7 @@ impl ServerConnection {
         now: Instant,
     ) -> Result<(), ProtocolError> {
         let allowed = plaintext
-            && self.transport_secured
+            && self.transport_secured()
             && self.config.accept_transport
             && self.config.enable_v2;
         if !allowed {
@@ -1009,7 +1028,7 @@ impl ServerConnection {
         };
         self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
         self.sealer.set_cipher(None);
-        self.transport = true;
+        self.transport = Transport::Profile;
         self.profile = Profile::V2;
         self.set_heartbeat(heartbeat, now);
         self.establish();
@@ -1212,7 +1231,7 @@ impl ServerConnection {
         // Empty bodies too: a sealed empty body still carries its AEAD tag,
         // so nothing unauthenticated (an injected bare ACK) is accepted.
         if self.profile == Profile::V2
-            && !self.transport
+            && !self.is_transport()
             && (!p.flags.contains(Flags::CRYPTO) || p.body.is_empty())
         {
             return Err(ProtocolError::State("v2 requires sealed bodies"));
