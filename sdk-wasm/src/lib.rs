@@ -54,6 +54,10 @@ export interface PushClientOptions {
   clientVersion?: string;
   /** Offer the v2 profile (AEAD, message ids, resume proofs). Default true; a legacy server ignores it. */
   v2?: boolean;
+  /** On `wss://`: use the transport-secured profile (ADR 0005: no RSA or AES on top of
+   *  TLS; servers of this project only, falling back to the classic handshake if a server
+   *  refuses it). Default true. */
+  transportProfile?: boolean;
   /** Heartbeat asked of the server (default 240000). */
   heartbeatMs?: number;
   /** How long one connection attempt may take (default 10000). */

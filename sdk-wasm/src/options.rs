@@ -190,6 +190,9 @@ impl Options {
         let mut session = SessionConfig::new(servers, Arc::new(public_key), device);
         session.allocator_url = allocator_url;
         session.offer_v2 = boolean(o, "v2", true)?;
+        // On wss:// the page's TLS already protects the connection: skip RSA
+        // and AES (ADR 0005), falling back if the server refuses.
+        session.transport_profile = boolean(o, "transportProfile", true)?;
         millis(o, "heartbeatMs", &mut session.heartbeat)?;
         millis(o, "connectTimeoutMs", &mut session.connect_timeout)?;
         if let Some(b) = js::get(o, "backoff") {

@@ -21,6 +21,9 @@ wasm_bindgen_test_configure!(run_in_browser);
 const WS: Option<&str> = option_env!("MPUSH_TEST_WS");
 const API: Option<&str> = option_env!("MPUSH_TEST_API");
 const CONTROL: Option<&str> = option_env!("MPUSH_TEST_CONTROL");
+/// A second server with TLS on its WebSocket gateway (with-server.mjs --wss).
+const WSS: Option<&str> = option_env!("MPUSH_TEST_WSS");
+const WSS_API: Option<&str> = option_env!("MPUSH_TEST_WSS_API");
 
 fn ws() -> &'static str {
     WS.expect("MPUSH_TEST_WS is not set: run these tests through scripts/test-web")
@@ -56,6 +59,10 @@ fn json(text: &str) -> JsValue {
 }
 
 async fn http(method: &str, path: &str, body: Option<JsValue>) -> (u16, JsValue) {
+    http_at(api(), method, path, body).await
+}
+
+async fn http_at(base: &str, method: &str, path: &str, body: Option<JsValue>) -> (u16, JsValue) {
     let init = Object::new();
     set(&init, "method", method);
     if let Some(b) = body {
@@ -68,7 +75,7 @@ async fn http(method: &str, path: &str, body: Option<JsValue>) -> (u16, JsValue)
             JSON::stringify(&b).expect("stringify").as_string(),
         );
     }
-    let resp = JsFuture::from(fetch(&format!("{}{path}", api()), &init))
+    let resp = JsFuture::from(fetch(&format!("{base}{path}"), &init))
         .await
         .expect("the API answers");
     let status = get(&resp, "status").as_f64().unwrap_or(0.0) as u16;
@@ -480,6 +487,71 @@ async fn offline_queue_events_iterator_kick_and_fast_connect() {
     );
     again.close();
     assert_eq!(live_handles(), (0, 0));
+}
+
+/// ADR 0005 in the browser: over `wss://` to a server with a TLS listener (its
+/// self-signed certificate made by the harness), the SDK connects on the
+/// transport-secured profile (its ticket says `vt,`), binds and gets a push.
+#[wasm_bindgen_test]
+async fn over_wss_the_transport_secured_profile_connects_binds_and_receives() {
+    let (Some(wss), Some(wss_api)) = (WSS, WSS_API) else {
+        panic!("MPUSH_TEST_WSS is not set: run these tests through scripts/test-web");
+    };
+    let store = Object::new();
+    let items = Rc::new(RefCell::new(Vec::<(String, String)>::new()));
+    let keep = items.clone();
+    let set_item = Closure::<dyn FnMut(String, String)>::new(move |k: String, v: String| {
+        keep.borrow_mut().push((k, v));
+    });
+    let get_item = Closure::<dyn FnMut(String) -> JsValue>::new(|_: String| JsValue::NULL);
+    let remove_item = Closure::<dyn FnMut(String)>::new(|_: String| {});
+    set(&store, "getItem", get_item.as_ref().clone());
+    set(&store, "setItem", set_item.as_ref().clone());
+    set(&store, "removeItem", remove_item.as_ref().clone());
+    let got = Rc::new(RefCell::new(Vec::<String>::new()));
+    let sink = got.clone();
+    let on_message = Closure::<dyn FnMut(JsValue)>::new(move |m: JsValue| {
+        sink.borrow_mut()
+            .push(get(&m, "text").as_string().unwrap_or_default());
+    });
+    let opts = Object::new();
+    set(&opts, "servers", wss);
+    set(&opts, "storage", store);
+    set(&opts, "deviceId", "wss-browser-1");
+    set(&opts, "onMessage", on_message.as_ref().clone());
+    let client = PushClient::new(opts.into()).expect("valid options");
+    await_promise(client.connect())
+        .await
+        .expect("connected over wss://");
+    await_promise(client.bind("wss-user".into(), None))
+        .await
+        .expect("bound");
+    let ticket = items
+        .borrow()
+        .iter()
+        .rev()
+        .find(|(k, _)| k.ends_with(".ticket"))
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    assert!(
+        ticket.starts_with("vt,"),
+        "a transport-profile session: {ticket}"
+    );
+    let (status, _) = http_at(
+        wss_api,
+        "POST",
+        "/api/v1/push",
+        Some(json(
+            r#"{"userId": "wss-user", "content": "over wss", "ackMode": "auto"}"#,
+        )),
+    )
+    .await;
+    assert_eq!(status, 200);
+    wait_until("the push over wss://", 5000, || {
+        got.borrow().iter().any(|t| t == "over wss")
+    })
+    .await;
+    client.close();
 }
 
 /// The one (error, code) table of every SDK, as this SDK hands errors to JS.

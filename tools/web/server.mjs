@@ -41,11 +41,11 @@ export async function startServer({ env = {}, tcp = "127.0.0.1:0", ws = "127.0.0
       child.stdout.on("data", (d) => {
         out += d;
         const t = /TCP gateway\s+(\S+)/.exec(out);
-        const w = /WebSocket gateway\s+ws:\/\/(\S+?)\//.exec(out);
+        const w = /WebSocket gateway\s+(wss?):\/\/(\S+?)\//.exec(out);
         const h = /HTTP API\s+http:\/\/(\S+?)\//.exec(out);
         if (t && w && h) {
           clearTimeout(timer);
-          resolve({ child, tcp: t[1], ws: w[1], http: h[1] });
+          resolve({ child, tcp: t[1], ws: w[2], wsScheme: w[1], http: h[1] });
         }
       });
       child.on("exit", (code) => {
@@ -68,7 +68,7 @@ export async function startServer({ env = {}, tcp = "127.0.0.1:0", ws = "127.0.0
     get tcp() { return running.tcp; },
     get ws() { return running.ws; },
     get http() { return running.http; },
-    get wsUrl() { return `ws://${running.ws}/`; },
+    get wsUrl() { return `${running.wsScheme}://${running.ws}/`; },
     get apiUrl() { return `http://${running.http}`; },
     async stop() { await stopChild(running.child); },
     /** Stops, then starts again on the same ports (a fresh, empty server). */
