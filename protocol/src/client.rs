@@ -26,8 +26,7 @@ use crate::message::{
 };
 use crate::packet::{Command, Decoder, Flags, Frame, HEARTBEAT_BYTE, Packet};
 use crate::seal::{Sealer, Side};
-use crate::server::duration_ms;
-use crate::session::{AckMode, DeviceInfo, Profile, ResumeTicket, SessionSecret};
+use crate::session::{AckMode, DeviceInfo, Profile, ResumeTicket, SessionSecret, duration_ms};
 
 /// Client-side protocol settings. Defaults are mpush-client-java's.
 #[derive(Debug, Clone)]
@@ -292,6 +291,15 @@ impl ClientConnection {
                 && !t.session_id.is_empty()
                 && matches!(t.secret, SessionSecret::Transport { .. }) == transport
         };
+        #[cfg(not(feature = "classic"))]
+        if !transport {
+            // No RSA or AES here: only the transport-secured profile.
+            c.close_with(
+                ClientCloseReason::Protocol(ProtocolError::State(NO_CLASSIC)),
+                false,
+            );
+            return c;
+        }
         match ticket.filter(usable) {
             Some(t) => c.start_resume(t, now),
             None => c.start_handshake(now),
@@ -749,7 +757,7 @@ impl ClientConnection {
         if self.transport() {
             return self.on_transport_handshake_ok(p, now);
         }
-        let reply_cipher = SessionCipher::cbc(&client_key, iv);
+        let reply_cipher = cbc_cipher(&client_key, iv)?;
         let body = self.sealer.open_with(Some(&reply_cipher), p)?;
         let ok = HandshakeOk::from_bytes(&body)?;
         let server_key: [u8; 16] = ok
@@ -765,14 +773,14 @@ impl ClientConnection {
         let (cipher, secret, profile) = if v2 {
             let (traffic, resume_key) = v2_session_keys(&client_key.0, &server_key, &iv);
             (
-                SessionCipher::gcm(&traffic),
+                gcm_cipher(&traffic)?,
                 SessionSecret::V2 { resume_key },
                 Profile::V2,
             )
         } else {
             let key = crypto::legacy_session_key(&client_key.0, &server_key);
             (
-                SessionCipher::cbc(&key, iv),
+                cbc_cipher(&key, iv)?,
                 SessionSecret::Legacy { key, iv },
                 Profile::Legacy,
             )
@@ -846,7 +854,7 @@ impl ClientConnection {
         let mut next = None;
         let (cipher, profile) = match (&ticket.secret, &ok.accept) {
             (SessionSecret::Legacy { key, iv }, _) => {
-                (Some(SessionCipher::cbc(key, *iv)), Profile::Legacy)
+                (Some(cbc_cipher(key, *iv)?), Profile::Legacy)
             }
             (
                 SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
@@ -877,7 +885,12 @@ impl ClientConnection {
                         },
                     });
                 }
-                ((!transport).then(|| SessionCipher::gcm(&key)), Profile::V2)
+                let cipher = if transport {
+                    None
+                } else {
+                    Some(gcm_cipher(&key)?)
+                };
+                (cipher, Profile::V2)
             }
             (SessionSecret::V2 { .. } | SessionSecret::Transport { .. }, None) => {
                 return Err(ProtocolError::State("v2 resume answered without a proof"));
@@ -1136,3 +1149,28 @@ impl ClientConnection {
         ms + i64::try_from(now.saturating_duration_since(base).as_millis()).unwrap_or(i64::MAX)
     }
 }
+
+/// The classic ciphers; a build without them (feature `classic` off, the
+/// transport-only browser module) refuses the classic profiles.
+#[cfg(feature = "classic")]
+fn cbc_cipher(key: &AesKey, iv: [u8; 16]) -> Result<SessionCipher, ProtocolError> {
+    Ok(SessionCipher::cbc(key, iv))
+}
+
+#[cfg(feature = "classic")]
+fn gcm_cipher(key: &AesKey) -> Result<SessionCipher, ProtocolError> {
+    Ok(SessionCipher::gcm(key))
+}
+
+#[cfg(not(feature = "classic"))]
+fn cbc_cipher(_: &AesKey, _: [u8; 16]) -> Result<SessionCipher, ProtocolError> {
+    Err(ProtocolError::State(NO_CLASSIC))
+}
+
+#[cfg(not(feature = "classic"))]
+fn gcm_cipher(_: &AesKey) -> Result<SessionCipher, ProtocolError> {
+    Err(ProtocolError::State(NO_CLASSIC))
+}
+
+#[cfg(not(feature = "classic"))]
+const NO_CLASSIC: &str = "this build speaks only the transport-secured profile (wss://)";

@@ -11,21 +11,27 @@
 pub mod conformance;
 pub mod crypto;
 pub mod error;
+#[cfg(feature = "classic")]
 pub mod json_server;
+#[cfg(feature = "classic")]
 mod liveness;
+#[cfg(feature = "classic")]
 pub mod machine;
 pub mod message;
 pub mod packet;
+#[cfg(feature = "classic")]
 mod pending;
 pub mod wire;
 
 pub use error::{CryptoError, DecodeError, FrameError, ProtocolError};
 pub use packet::{Command, Decoder, Flags, Frame, Packet};
+#[cfg(feature = "classic")]
 pub mod ack;
 pub mod backoff;
 pub mod client;
 pub mod dedup;
 pub mod seal;
+#[cfg(feature = "classic")]
 pub mod server;
 pub mod session;
 #[cfg(feature = "testing")]

@@ -1310,9 +1310,7 @@ impl ServerConnection {
     }
 }
 
-pub fn duration_ms(d: Duration) -> i32 {
-    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
-}
+pub use crate::session::duration_ms;
 
 pub(crate) fn duration_ms_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

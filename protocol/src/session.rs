@@ -325,6 +325,11 @@ impl SessionRecord {
     }
 }
 
+/// A duration as the wire's milliseconds (saturating).
+pub fn duration_ms(d: std::time::Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use hmac::{KeyInit, Mac};
 use sha2::Sha256;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
-use super::session::{AES_KEY_LEN, AesKey};
+use super::key::{AES_KEY_LEN, AesKey};
 
 type HmacSha256 = hmac::Hmac<Sha256>;
 

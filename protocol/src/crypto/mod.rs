@@ -7,8 +7,13 @@
 
 mod compress;
 mod kdf;
+mod key;
+#[cfg(feature = "classic")]
 mod rsa;
+#[cfg(feature = "classic")]
 mod session;
+#[cfg(not(feature = "classic"))]
+mod slim;
 
 #[cfg(feature = "deflate")]
 pub use compress::compress;
@@ -17,8 +22,13 @@ pub use kdf::{
     RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, next_resume_key,
     resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
 };
+pub use key::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN};
+#[cfg(feature = "classic")]
 pub use rsa::{MPUSH_DEFAULT_PRIVATE_KEY, MPUSH_DEFAULT_PUBLIC_KEY, RsaPrivate, RsaPublic};
-pub use session::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN, SessionCipher};
+#[cfg(feature = "classic")]
+pub use session::SessionCipher;
+#[cfg(not(feature = "classic"))]
+pub use slim::{RsaPublic, SessionCipher};
 
 /// The RNG every machine uses: seeded by the driver, cryptographically strong.
 pub type Rng = rand_chacha::ChaCha20Rng;

@@ -8,24 +8,12 @@ use aes::Aes128;
 type Aes128Gcm = aes_gcm::AesGcm<aes::Aes128Enc, aes_gcm::aead::consts::U12>;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use cbc::cipher::{BlockModeDecrypt, BlockModeEncrypt, InnerIvInit, block_padding::Pkcs7};
-use zeroize::{Zeroize, ZeroizeOnDrop};
+use zeroize::Zeroize;
 
 use super::{Rng, random_array};
 use crate::error::CryptoError;
 
-pub const AES_KEY_LEN: usize = 16;
-pub const GCM_NONCE_LEN: usize = 12;
-pub const GCM_TAG_LEN: usize = 16;
-
-/// 16 bytes of AES key material, wiped on drop.
-#[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop)]
-pub struct AesKey(pub [u8; AES_KEY_LEN]);
-
-impl std::fmt::Debug for AesKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AesKey(..)")
-    }
-}
+use super::key::{AesKey, GCM_NONCE_LEN, GCM_TAG_LEN};
 
 /// The cipher a connection seals its bodies with. The expanded key schedules
 /// are built once per connection and wiped on drop (the `aes` crate's zeroize).
