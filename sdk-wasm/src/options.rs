@@ -160,6 +160,12 @@ impl Options {
                 ));
             }
         }
+        #[cfg(not(feature = "classic"))]
+        if let Some(s) = servers.iter().find(|s| !s.starts_with("wss://")) {
+            return Err(format!(
+                "options.servers: {s:?}: this module (mpush-sdk/tls) speaks only wss://; use the mpush-sdk module for ws://"
+            ));
+        }
         let allocator_url = string(o, "allocatorUrl")?;
         let storage = match Reflect::get(o, &"storage".into()) {
             Ok(v) if v.is_undefined() => default_storage(),

@@ -44,6 +44,8 @@ try {
     assert.equal(m.type, "module");
     assert.equal(m.exports["."].types, "./mpush_sdk.d.ts");
     assert.ok(m.exports["./conformance"]);
+    assert.equal(m.exports["./tls"].types, "./mpush_sdk_tls.d.ts");
+    assert.equal(m.engines.node, ">=18");
     const d = readFileSync(join(pkgDir, "mpush_sdk.d.ts"), "utf8");
     for (const s of ["export interface PushClientOptions", "events(): AsyncIterableIterator<PushEvent>", "export type PushEvent", "connect(): Promise<void>"]) {
       assert.ok(d.includes(s), `d.ts lacks ${s}`);
@@ -91,6 +93,19 @@ try {
       assert.equal(e.code, "invalid_input");
       assert.match(e.message, /options\.servers/);
     }
+  });
+
+  await check("mpush-sdk/tls: the same API, no RSA or AES, wss:// only", async () => {
+    const tls = await import(resolveFrom("mpush-sdk/tls"));
+    await tls.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_tls_bg.wasm"))) });
+    assert.equal(tls.version(), sdk.version());
+    assert.throws(() => new tls.PushClient({ servers: "ws://127.0.0.1:1/", storage: null }), (e) => e.code === "invalid_input" && /wss:\/\//.test(e.message));
+    assert.throws(() => new tls.PushClient({ servers: "wss://h/", publicKey: "x", storage: null }), (e) => e.code === "invalid_input" && /RSA/.test(e.message));
+    const c = new tls.PushClient({ servers: "wss://127.0.0.1:1/", storage: null });
+    assert.equal(c.state, "idle");
+    c.close();
+    const size = (f) => readFileSync(join(pkgDir, f)).length;
+    assert.ok(size("mpush_sdk_tls_bg.wasm") < size("mpush_sdk_bg.wasm") * 0.8, "smaller than the full module");
   });
 
   await check("TypeScript: a consumer type-checks under --strict", () => {
