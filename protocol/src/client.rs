@@ -578,19 +578,8 @@ impl ClientConnection {
         }
         let client_key: [u8; 16] = random_array(&mut self.rng);
         let iv: [u8; 16] = random_array(&mut self.rng);
-        let d = &self.config.device;
-        let hs = Handshake {
-            device_id: d.device_id.clone(),
-            os_name: d.os_name.clone(),
-            os_version: d.os_version.clone(),
-            client_version: d.client_version.clone(),
-            iv: iv.to_vec(),
-            client_key: client_key.to_vec(),
-            min_heartbeat: duration_ms(self.config.min_heartbeat),
-            max_heartbeat: duration_ms(self.config.max_heartbeat),
-            timestamp: 0,
-            capabilities: self.config.offer_v2.then(v2::Capabilities::v2),
-        };
+        let caps = self.config.offer_v2.then(v2::Capabilities::v2);
+        let hs = self.handshake_message(iv.to_vec(), client_key.to_vec(), caps);
         let mut body = hs.to_bytes();
         let mut flags = Flags::CRYPTO;
         if let Some(c) = crypto::compress_over(&body, self.config.compress_over) {
@@ -615,21 +604,32 @@ impl ClientConnection {
         self.expect_handshake_answer(id, now);
     }
 
-    /// ADR 0005: the handshake in plaintext (the transport is TLS), no keys.
-    fn start_transport_handshake(&mut self, now: Instant) {
+    /// This device's HANDSHAKE body.
+    fn handshake_message(
+        &self,
+        iv: Vec<u8>,
+        client_key: Vec<u8>,
+        capabilities: Option<v2::Capabilities>,
+    ) -> Handshake {
         let d = &self.config.device;
-        let hs = Handshake {
+        Handshake {
             device_id: d.device_id.clone(),
             os_name: d.os_name.clone(),
             os_version: d.os_version.clone(),
             client_version: d.client_version.clone(),
-            iv: Vec::new(),
-            client_key: Vec::new(),
+            iv,
+            client_key,
             min_heartbeat: duration_ms(self.config.min_heartbeat),
             max_heartbeat: duration_ms(self.config.max_heartbeat),
             timestamp: 0,
-            capabilities: Some(v2::Capabilities::transport()),
-        };
+            capabilities,
+        }
+    }
+
+    /// ADR 0005: the handshake in plaintext (the transport is TLS), no keys.
+    fn start_transport_handshake(&mut self, now: Instant) {
+        let caps = Some(v2::Capabilities::transport());
+        let hs = self.handshake_message(Vec::new(), Vec::new(), caps);
         let id = self.next_id();
         let p = Packet::new(Command::HANDSHAKE, id, Flags::NONE, hs.to_bytes());
         self.write(&Frame::Packet(p).to_bytes(), now);

@@ -896,20 +896,13 @@ impl ServerConnection {
             self.refuse_handshake(request, "invalid handshake parameters");
             return Ok(());
         };
-        let device = DeviceInfo {
-            device_id: hs.device_id,
-            os_name: hs.os_name,
-            os_version: hs.os_version,
-            client_version: hs.client_version,
+        let device = match handshake_device(&mut hs) {
+            Ok(d) => d,
+            Err(why) => {
+                self.refuse_handshake(request, why);
+                return Ok(());
+            }
         };
-        if device.device_id.is_empty() {
-            self.refuse_handshake(request, "handshake without a device id");
-            return Ok(());
-        }
-        if let Err(field) = device.check_limits() {
-            self.refuse_handshake(request, field);
-            return Ok(());
-        }
         let v2 = self.config.enable_v2
             && hs
                 .capabilities
@@ -960,21 +953,36 @@ impl ServerConnection {
                 Profile::Legacy,
             )
         };
-        self.sealer.set_cipher(Some(cipher));
+        let session = SessionRecord {
+            session_id,
+            device,
+            secret,
+            expire_at_ms,
+        };
+        self.handshake_established(Some(cipher), profile, heartbeat, session, now);
+        Ok(())
+    }
+
+    /// A full handshake answered: the connection is up with `cipher`, and
+    /// the driver hears of the new session.
+    fn handshake_established(
+        &mut self,
+        cipher: Option<SessionCipher>,
+        profile: Profile,
+        heartbeat: Duration,
+        session: SessionRecord,
+        now: Instant,
+    ) {
+        self.sealer.set_cipher(cipher);
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
         self.establish();
+        let device = session.device.clone();
         self.events.push_back(ServerEvent::HandshakeCompleted {
-            session: Some(SessionRecord {
-                session_id,
-                device: device.clone(),
-                secret,
-                expire_at_ms,
-            }),
+            session: Some(session),
             device,
             profile,
         });
-        Ok(())
     }
 
     /// The transport-secured profile (ADR 0005): a plaintext handshake on a
@@ -983,7 +991,7 @@ impl ServerConnection {
     fn complete_transport_handshake(
         &mut self,
         request: i32,
-        hs: Handshake,
+        mut hs: Handshake,
         plaintext: bool,
         now: Instant,
     ) -> Result<(), ProtocolError> {
@@ -995,20 +1003,13 @@ impl ServerConnection {
             self.refuse_handshake(request, "transport profile on a connection that is not TLS");
             return Ok(());
         }
-        let device = DeviceInfo {
-            device_id: hs.device_id,
-            os_name: hs.os_name,
-            os_version: hs.os_version,
-            client_version: hs.client_version,
+        let device = match handshake_device(&mut hs) {
+            Ok(d) => d,
+            Err(why) => {
+                self.refuse_handshake(request, why);
+                return Ok(());
+            }
         };
-        if device.device_id.is_empty() {
-            self.refuse_handshake(request, "handshake without a device id");
-            return Ok(());
-        }
-        if let Err(field) = device.check_limits() {
-            self.refuse_handshake(request, field);
-            return Ok(());
-        }
         let (Some(key), Some(id_raw)) = (
             self.draw::<{ crate::crypto::RESUME_KEY_LEN }>(),
             self.draw::<16>(),
@@ -1027,23 +1028,16 @@ impl ServerConnection {
             capabilities: Some(v2::Capabilities::transport()),
         };
         self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
-        self.sealer.set_cipher(None);
         self.transport = Transport::Profile;
-        self.profile = Profile::V2;
-        self.set_heartbeat(heartbeat, now);
-        self.establish();
-        self.events.push_back(ServerEvent::HandshakeCompleted {
-            session: Some(SessionRecord {
-                session_id,
-                device: device.clone(),
-                secret: SessionSecret::Transport {
-                    resume_key: crate::crypto::ResumeKey(key),
-                },
-                expire_at_ms,
-            }),
+        let session = SessionRecord {
+            session_id,
             device,
-            profile: Profile::V2,
-        });
+            secret: SessionSecret::Transport {
+                resume_key: crate::crypto::ResumeKey(key),
+            },
+            expire_at_ms,
+        };
+        self.handshake_established(None, Profile::V2, heartbeat, session, now);
         Ok(())
     }
 
@@ -1311,6 +1305,21 @@ impl ServerConnection {
 }
 
 pub use crate::session::duration_ms;
+
+/// The device a handshake names, checked; `Err` says why it is refused.
+fn handshake_device(hs: &mut Handshake) -> Result<DeviceInfo, &'static str> {
+    let device = DeviceInfo {
+        device_id: std::mem::take(&mut hs.device_id),
+        os_name: std::mem::take(&mut hs.os_name),
+        os_version: std::mem::take(&mut hs.os_version),
+        client_version: std::mem::take(&mut hs.client_version),
+    };
+    if device.device_id.is_empty() {
+        return Err("handshake without a device id");
+    }
+    device.check_limits()?;
+    Ok(device)
+}
 
 pub(crate) fn duration_ms_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
