@@ -34,16 +34,38 @@ fn write(dir: &Path, cert: &str, key: &str) -> (PathBuf, PathBuf) {
     (c, k)
 }
 
-fn client(address: String, pin: &str, device_id: &str) -> Client {
+/// A temp dir holding a fresh self-signed certificate, and settings that
+/// serve it on every listener: (settings, certificate PEM, dir).
+fn tls_setup(tag: &str) -> (mpush_server::Settings, String, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mpush-tls-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = self_signed();
+    let (cert_file, key_file) = write(&dir, &cert, &key);
+    let mut s = settings();
+    s.tls.cert_file = cert_file.to_string_lossy().into_owned();
+    s.tls.key_file = key_file.to_string_lossy().into_owned();
+    (s, cert, dir)
+}
+
+/// A client session that trusts only `pin`.
+fn session(address: String, pin: &str, device_id: &str) -> SessionConfig {
     let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
     let mut cfg = SessionConfig::new(vec![address], key, device(device_id, "android"));
     cfg.tls_pinned_cert_pem = Some(pin.to_owned());
     cfg.backoff.initial = Duration::from_millis(100);
+    cfg
+}
+
+fn connect(session: SessionConfig) -> Client {
     Client::connect(ClientOptions {
-        session: cfg,
+        session,
         ticket_store: None,
     })
     .expect("valid options")
+}
+
+fn client(address: String, pin: &str, device_id: &str) -> Client {
+    connect(session(address, pin, device_id))
 }
 
 async fn next(c: &mut Client, what: &str, f: impl Fn(&SessionEvent) -> bool) -> SessionEvent {
@@ -87,13 +109,7 @@ async fn message(c: &mut Client, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
-    let dir = std::env::temp_dir().join(format!("mpush-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = self_signed();
-    let (cert_file, key_file) = write(&dir, &cert, &key);
-    let mut s = settings();
-    s.tls.cert_file = cert_file.to_string_lossy().into_owned();
-    s.tls.key_file = key_file.to_string_lossy().into_owned();
+    let (mut s, cert, dir) = tls_setup("reload");
     s.tls.reload_check_secs = 1;
     let server = start(s).await;
     let base = format!("https://127.0.0.1:{}", server.http.port());
@@ -202,7 +218,7 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
     message(&mut over_tcp, "after reload").await;
     message(&mut over_ws, "after reload, wss").await;
     // A broken file keeps the certificate in use.
-    std::fs::write(&cert_file, "not a certificate").expect("write");
+    std::fs::write(dir.join("cert.pem"), "not a certificate").expect("write");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
         new_http
@@ -244,13 +260,7 @@ fn a_bad_certificate_is_refused_at_start_with_the_setting_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_tls_client_is_closed_at_the_handshake_deadline() {
     use tokio::io::AsyncReadExt;
-    let dir = std::env::temp_dir().join(format!("mpush-tls-silent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = self_signed();
-    let (c, k) = write(&dir, &cert, &key);
-    let mut s = settings();
-    s.tls.cert_file = c.to_string_lossy().into_owned();
-    s.tls.key_file = k.to_string_lossy().into_owned();
+    let (mut s, _, dir) = tls_setup("silent");
     s.limits.handshake_timeout_ms = 1000;
     let server = start(s).await;
     let mut sock = tokio::net::TcpStream::connect(server.tcp)
@@ -268,16 +278,10 @@ async fn a_silent_tls_client_is_closed_at_the_handshake_deadline() {
 
 /// ADR 0005: on `tls://` and `wss://` the native SDK can skip RSA and AES;
 /// the server takes that profile only on its TLS listeners. A ticket of the
-/// profile starts with `vt,`, and it resumes into the same profile.
+/// profile starts with `vt,`. (Resuming it: protocol/tests/simulation.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_transport_secured_profile_over_tls_and_never_over_plain_tcp() {
-    let dir = std::env::temp_dir().join(format!("mpush-tls-tp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = self_signed();
-    let (cert_file, key_file) = write(&dir, &cert, &key);
-    let mut s = settings();
-    s.tls.cert_file = cert_file.to_string_lossy().into_owned();
-    s.tls.key_file = key_file.to_string_lossy().into_owned();
+    let (s, cert, dir) = tls_setup("profile");
     let server = start(s).await;
     let base = format!("https://127.0.0.1:{}", server.http.port());
     let http = https_client(&cert);
@@ -288,16 +292,10 @@ async fn the_transport_secured_profile_over_tls_and_never_over_plain_tcp() {
     .into_iter()
     .enumerate()
     {
-        let key = Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
         let user = format!("tp-{i}");
-        let mut cfg = SessionConfig::new(vec![address.clone()], key, device(&user, "android"));
-        cfg.tls_pinned_cert_pem = Some(cert.clone());
+        let mut cfg = session(address.clone(), &cert, &user);
         cfg.transport_profile = true;
-        let mut c = Client::connect(ClientOptions {
-            session: cfg,
-            ticket_store: None,
-        })
-        .expect("valid options");
+        let mut c = connect(cfg);
         let SessionEvent::TicketUpdated { ticket } = next(&mut c, "a ticket", |e| {
             matches!(e, SessionEvent::TicketUpdated { .. })
         })
