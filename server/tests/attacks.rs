@@ -548,3 +548,77 @@ async fn forwarded_addresses_are_believed_from_trusted_proxies_only() {
     assert_eq!(r.status().as_u16(), 200);
     server.shutdown().await;
 }
+
+/// ADR 0005: the plaintext (transport-secured) handshake over a plain
+/// WebSocket, with `X-Forwarded-Proto: wss`. Believed from a trusted proxy
+/// (the connection is up), ignored from anyone else (refused, no session):
+/// a client cannot talk its way out of the crypto by writing a header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plaintext_profile_needs_tls_or_a_trusted_proxy_that_says_so() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    async fn try_profile(ws: std::net::SocketAddr) -> bool {
+        let mut req = format!("ws://{ws}/")
+            .into_client_request()
+            .expect("request");
+        req.headers_mut()
+            .insert("x-forwarded-proto", "wss".parse().expect("header"));
+        let (mut sock, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .expect("upgrade");
+        let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+        let mut cc = mpush_protocol::client::ClientConfig::new(key, device("fwd-1", "web"));
+        cc.transport_secured = true;
+        let mut conn = mpush_protocol::client::ClientConnection::new(
+            std::sync::Arc::new(cc),
+            [3; 32],
+            mpush_protocol::Instant::now(),
+            0,
+            None,
+            mpush_protocol::dedup::DedupWindow::default(),
+        );
+        while let Some(b) = conn.poll_transmit() {
+            sock.send(Message::Binary(b)).await.expect("send");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, sock.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) => {
+                    conn.handle_input(&b, mpush_protocol::Instant::now());
+                    while let Some(e) = conn.poll_event() {
+                        if matches!(e, ClientEvent::Connected { .. }) {
+                            return true;
+                        }
+                    }
+                }
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(_))) | Ok(None) => return false,
+                Err(_) => panic!("the server neither answered nor closed"),
+            }
+        }
+    }
+
+    let mut trusted = settings();
+    trusted.net.trusted_proxies = vec!["127.0.0.1".into()];
+    let server = start(trusted).await;
+    assert!(
+        try_profile(server.ws.expect("ws")).await,
+        "a trusted proxy that says wss: the profile is allowed"
+    );
+    server.shutdown().await;
+
+    let mut other = settings();
+    other.net.trusted_proxies = vec!["192.0.2.0/24".into()];
+    let server = start(other).await;
+    assert!(
+        !try_profile(server.ws.expect("ws")).await,
+        "the same header from a peer that is not a trusted proxy: refused"
+    );
+    server.shutdown().await;
+    let server = start(settings()).await;
+    assert!(
+        !try_profile(server.ws.expect("ws")).await,
+        "no trusted proxies at all: refused"
+    );
+    server.shutdown().await;
+}
