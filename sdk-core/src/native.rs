@@ -17,7 +17,8 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::session::{
-    Action, Session, SessionConfig, SessionError, SessionEvent, SessionState, parse_server_list,
+    Action, Session, SessionConfig, SessionError, SessionEvent, SessionState, is_tls_address,
+    parse_server_list,
 };
 
 /// Where the resume ticket persists: a file (`FileTicketStore`), or what
@@ -512,12 +513,7 @@ async fn run(
                     opening = Some(Box::pin(async move {
                         match &tls {
                             Ok(t) => Conn::open(&address, t).await,
-                            Err(e)
-                                if address.starts_with("tls://")
-                                    || address.starts_with("wss://") =>
-                            {
-                                Err(e.clone())
-                            }
+                            Err(e) if is_tls_address(&address) => Err(e.clone()),
                             Err(_) => Conn::open(&address, &tls_config(None)?).await,
                         }
                     }));

@@ -134,6 +134,11 @@ impl SessionConfig {
     }
 }
 
+/// An address whose connection is TLS (`tls://`, `wss://`).
+pub fn is_tls_address(address: &str) -> bool {
+    address.starts_with("tls://") || address.starts_with("wss://")
+}
+
 /// `host:port`, `tls://host:port`, `ws://...` or `wss://...`.
 fn check_address(s: &str) -> Result<(), &'static str> {
     if let Some(rest) = s.strip_prefix("ws://").or_else(|| s.strip_prefix("wss://")) {
@@ -561,7 +566,7 @@ impl Session {
         self.conn_transport = self.config.transport_profile
             && self.config.offer_v2
             && !self.transport_refused
-            && (address.starts_with("tls://") || address.starts_with("wss://"));
+            && is_tls_address(&address);
         self.conn_established = false;
         let config = if self.conn_transport {
             &self.transport_config
