@@ -578,7 +578,10 @@ impl ClientConnection {
         }
         let client_key: [u8; 16] = random_array(&mut self.rng);
         let iv: [u8; 16] = random_array(&mut self.rng);
-        let caps = self.config.offer_v2.then(v2::Capabilities::v2);
+        let caps = self
+            .config
+            .offer_v2
+            .then(|| offered(v2::Capabilities::v2()));
         let hs = self.handshake_message(iv.to_vec(), client_key.to_vec(), caps);
         let mut body = hs.to_bytes();
         let mut flags = Flags::CRYPTO;
@@ -628,7 +631,7 @@ impl ClientConnection {
 
     /// ADR 0005: the handshake in plaintext (the transport is TLS), no keys.
     fn start_transport_handshake(&mut self, now: Instant) {
-        let caps = Some(v2::Capabilities::transport());
+        let caps = Some(offered(v2::Capabilities::transport()));
         let hs = self.handshake_message(Vec::new(), Vec::new(), caps);
         let id = self.next_id();
         let p = Packet::new(Command::HANDSHAKE, id, Flags::NONE, hs.to_bytes());
@@ -647,13 +650,13 @@ impl ClientConnection {
             SessionSecret::Legacy { .. } => None,
             SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => {
                 Some(v2::ResumeProof {
-                    capabilities: Some(
+                    capabilities: Some(offered(
                         if matches!(ticket.secret, SessionSecret::Transport { .. }) {
                             v2::Capabilities::transport()
                         } else {
                             v2::Capabilities::v2()
                         },
-                    ),
+                    )),
                     client_nonce: client_nonce.to_vec(),
                     proof: resume_proof(
                         resume_key,
@@ -1174,3 +1177,13 @@ fn gcm_cipher(_: &AesKey) -> Result<SessionCipher, ProtocolError> {
 
 #[cfg(not(feature = "classic"))]
 const NO_CLASSIC: &str = "this build speaks only the transport-secured profile (wss://)";
+
+/// What this client offers: `caps`, and `FEATURE_PLAIN_BODIES` when this
+/// build does not inflate (the server then sends it no compressed body).
+fn offered(caps: v2::Capabilities) -> v2::Capabilities {
+    if crypto::INFLATES {
+        caps
+    } else {
+        caps.with_features(v2::FEATURE_PLAIN_BODIES)
+    }
+}

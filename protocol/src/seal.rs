@@ -65,6 +65,12 @@ impl Sealer {
         }
     }
 
+    /// From now on nothing is compressed: the peer does not inflate
+    /// (`FEATURE_PLAIN_BODIES`).
+    pub fn never_compress(&mut self) {
+        self.compress_over = usize::MAX;
+    }
+
     /// From now on `seal_counted` numbers its GCM nonces: `prefix` (random)
     /// then a 64-bit counter. Each connection's key is its own, so a nonce
     /// never repeats under a key, and no RNG has to be kept for it.

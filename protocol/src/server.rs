@@ -566,6 +566,7 @@ impl ServerConnection {
                 else {
                     return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
                 };
+                self.honour_features(proof.capabilities.as_ref());
                 let next_id = hex_id(&next_raw);
                 let next_expire = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
                 let next_key =
@@ -919,12 +920,17 @@ impl ServerConnection {
         let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
         let session_id = hex_id(&id_raw);
         let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+        let echo = if v2 {
+            self.honour_features(hs.capabilities.as_ref())
+        } else {
+            0
+        };
         let ok = HandshakeOk {
             server_key: server_key.to_vec(),
             heartbeat: duration_ms(heartbeat),
             session_id: session_id.clone(),
             expire_time: expire_at_ms,
-            capabilities: v2.then(v2::Capabilities::v2),
+            capabilities: v2.then(|| v2::Capabilities::v2().with_features(echo)),
         };
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
         let client_key = AesKey(client_key);
@@ -961,6 +967,18 @@ impl ServerConnection {
         };
         self.handshake_established(Some(cipher), profile, heartbeat, session, now);
         Ok(())
+    }
+
+    /// Applies the client's `features` bits that change how this side sends
+    /// (`FEATURE_PLAIN_BODIES`: no compression towards it), and returns the
+    /// ones to echo in HANDSHAKE_OK.
+    fn honour_features(&mut self, caps: Option<&v2::Capabilities>) -> u32 {
+        if caps.is_some_and(v2::Capabilities::wants_plain_bodies) {
+            self.sealer.never_compress();
+            v2::FEATURE_PLAIN_BODIES
+        } else {
+            0
+        }
     }
 
     /// A full handshake answered: the connection is up with `cipher`, and
@@ -1020,12 +1038,13 @@ impl ServerConnection {
         let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
         let session_id = hex_id(&id_raw);
         let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+        let echo = self.honour_features(hs.capabilities.as_ref());
         let ok = HandshakeOk {
             server_key: key.to_vec(),
             heartbeat: duration_ms(heartbeat),
             session_id: session_id.clone(),
             expire_time: expire_at_ms,
-            capabilities: Some(v2::Capabilities::transport()),
+            capabilities: Some(v2::Capabilities::transport().with_features(echo)),
         };
         self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
         self.transport = Transport::Profile;

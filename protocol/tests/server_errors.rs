@@ -173,3 +173,76 @@ fn a_handshake_fed_one_byte_at_a_time_completes() {
     ));
     assert!(server.is_established() && client.is_established());
 }
+
+/// `FEATURE_PLAIN_BODIES` (the browser's transport-only build has no zlib):
+/// a client that sets it gets its large pushes uncompressed, and the server
+/// echoes the bit; without it the same push is compressed, as before.
+#[test]
+fn a_client_that_does_not_inflate_gets_plain_bodies() {
+    use mpush_protocol::message::{Handshake, HandshakeOk, v2};
+    use mpush_protocol::server::OutboundPush;
+    let big = vec![b'a'; 64 * 1024];
+    for plain in [true, false] {
+        let (mut s, now) = server();
+        s.set_transport_secured(true);
+        let features = if plain {
+            v2::FEATURE_TRANSPORT | v2::FEATURE_PLAIN_BODIES
+        } else {
+            v2::FEATURE_TRANSPORT
+        };
+        let device = test_device();
+        let hs = Handshake {
+            device_id: device.device_id,
+            os_name: device.os_name,
+            os_version: device.os_version,
+            client_version: device.client_version,
+            capabilities: Some(v2::Capabilities {
+                profile: v2::PROFILE,
+                features,
+            }),
+            ..Handshake::default()
+        };
+        s.handle_input(&packet(Command::HANDSHAKE, Flags::NONE, hs.to_bytes()), now);
+        let (frames, _) = drain(&mut s);
+        let ok = frames
+            .iter()
+            .find_map(|f| match f {
+                Frame::Packet(p) if p.cmd == Command::HANDSHAKE => {
+                    HandshakeOk::from_bytes(&p.body).ok()
+                }
+                _ => None,
+            })
+            .expect("HANDSHAKE_OK");
+        let caps = ok.capabilities.expect("capabilities");
+        assert!(caps.has_transport());
+        assert_eq!(caps.wants_plain_bodies(), plain, "the bit is echoed");
+
+        s.push(
+            OutboundPush {
+                message_id: 1,
+                trace_id: "t".into(),
+                content: big.clone().into(),
+                ack_mode: mpush_protocol::session::AckMode::None,
+                expires_at_ms: 0,
+                ack_timeout: None,
+                queued_at: None,
+            },
+            now,
+        )
+        .expect("push");
+        let (frames, _) = drain(&mut s);
+        let push = frames
+            .iter()
+            .find_map(|f| match f {
+                Frame::Packet(p) if p.cmd == Command::PUSH => Some(p.clone()),
+                _ => None,
+            })
+            .expect("PUSH");
+        assert_eq!(!push.flags.contains(Flags::COMPRESS), plain);
+        if plain {
+            assert!(push.body.len() > big.len(), "{}", push.body.len());
+        } else {
+            assert!(push.body.len() < big.len() / 10, "{}", push.body.len());
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! zlib out; zlib in, and gzip in with the `gzip` feature (mpush's iOS
 //! clients send gzip to servers). Outbound compression is the `deflate`
 //! feature: without it (the browser build) nothing is compressed on the way
-//! out, which every peer accepts, and the deflater is not linked.
+//! out, which every peer accepts, and the deflater is not linked. Inbound is
+//! the `inflate` feature: the browser's transport-only build leaves it out
+//! and asks the server for plain bodies instead (`FEATURE_PLAIN_BODIES`).
 
 use crate::error::CryptoError;
 
@@ -23,6 +25,10 @@ pub fn compress_over(data: &[u8], threshold: usize) -> Option<Vec<u8>> {
     None
 }
 
+/// Whether this build inflates compressed bodies (feature `inflate`). A
+/// client without it asks servers for plain bodies (`FEATURE_PLAIN_BODIES`).
+pub const INFLATES: bool = cfg!(feature = "inflate");
+
 /// Inflates zlib (or gzip, by the `1F 8B` magic, with the `gzip` feature),
 /// refusing output over `max` bytes so a small packet cannot expand into a
 /// memory bomb.
@@ -30,6 +36,18 @@ pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, CryptoError> {
     if data.starts_with(&[0x1F, 0x8B]) {
         return gunzip(data, max);
     }
+    inflate(data, max)
+}
+
+#[cfg(not(feature = "inflate"))]
+fn inflate(_: &[u8], _: usize) -> Result<Vec<u8>, CryptoError> {
+    Err(CryptoError::Decompress(
+        "a compressed body, but this build does not inflate (feature inflate)".into(),
+    ))
+}
+
+#[cfg(feature = "inflate")]
+fn inflate(data: &[u8], max: usize) -> Result<Vec<u8>, CryptoError> {
     use miniz_oxide::inflate::{DecompressError, TINFLStatus};
     miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(data, max).map_err(
         |DecompressError { status, .. }| match status {

@@ -6,6 +6,7 @@
 //! state machine, so the same code runs in browsers and on a fake clock.
 
 mod compress;
+mod drbg;
 mod kdf;
 mod key;
 #[cfg(feature = "classic")]
@@ -17,7 +18,7 @@ mod slim;
 
 #[cfg(feature = "deflate")]
 pub use compress::compress;
-pub use compress::{compress_over, decompress};
+pub use compress::{INFLATES, compress_over, decompress};
 pub use kdf::{
     RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, next_resume_key,
     resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
@@ -30,8 +31,16 @@ pub use session::SessionCipher;
 #[cfg(not(feature = "classic"))]
 pub use slim::{RsaPublic, SessionCipher};
 
+pub use drbg::HashDrbg;
+
 /// The RNG every machine uses: seeded by the driver, cryptographically strong.
+/// ChaCha20 in the classic build; the SHA-256 generator of `drbg` without it,
+/// where SHA-256 is linked anyway and ChaCha20 would be 13 KB of the browser
+/// module.
+#[cfg(feature = "classic")]
 pub type Rng = rand_chacha::ChaCha20Rng;
+#[cfg(not(feature = "classic"))]
+pub type Rng = HashDrbg;
 
 /// Fills `N` random bytes.
 pub fn random_array<const N: usize>(rng: &mut Rng) -> [u8; N] {

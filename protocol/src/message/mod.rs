@@ -45,6 +45,12 @@ pub mod v2 {
     /// connection is TLS, so packets carry no application-layer crypto.
     pub const FEATURE_TRANSPORT: u32 = 1;
 
+    /// `features` bit: the sender does not inflate, so the server sends it
+    /// no compressed body (the browser's transport-only build leaves zlib
+    /// out; compression belongs to the transport there). Servers that know
+    /// the bit echo it in HANDSHAKE_OK.
+    pub const FEATURE_PLAIN_BODIES: u32 = 2;
+
     impl Capabilities {
         pub fn v2() -> Self {
             Self {
@@ -63,6 +69,17 @@ pub mod v2 {
 
         pub fn has_transport(&self) -> bool {
             self.profile >= PROFILE && self.features & FEATURE_TRANSPORT != 0
+        }
+
+        /// The sender asks for uncompressed bodies (`FEATURE_PLAIN_BODIES`).
+        pub fn wants_plain_bodies(&self) -> bool {
+            self.profile >= PROFILE && self.features & FEATURE_PLAIN_BODIES != 0
+        }
+
+        /// These capabilities with `features` bits added.
+        pub fn with_features(mut self, features: u32) -> Self {
+            self.features |= features;
+            self
         }
     }
 }
