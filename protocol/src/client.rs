@@ -6,7 +6,7 @@
 //! ticket, a full handshake otherwise). Reconnecting is not its job: it ends
 //! with `ClientEvent::Closed { reconnect, .. }` and the session layer decides.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::message::{
 use crate::packet::{Command, Decoder, Flags, Frame, HEARTBEAT_BYTE, Packet};
 use crate::seal::{Sealer, Side};
 use crate::session::{AckMode, DeviceInfo, Profile, ResumeTicket, SessionSecret, duration_ms};
+use crate::small_map::SmallMap;
 
 /// Client-side protocol settings. Defaults are mpush-client-java's.
 #[derive(Debug, Clone)]
@@ -236,7 +237,7 @@ pub struct ClientConnection {
     last_write: Instant,
     clock_base: (Instant, i64),
     next_request: i32,
-    pending: HashMap<i32, Pending>,
+    pending: SmallMap<i32, Pending>,
     acks_out: Vec<AckToken>,
     dedup: DedupWindow,
     legacy_dedup: DedupWindow,
@@ -278,7 +279,7 @@ impl ClientConnection {
             last_write: now,
             clock_base: (now, unix_ms),
             next_request: 1,
-            pending: HashMap::new(),
+            pending: SmallMap::new(),
             acks_out: Vec::new(),
             dedup,
             legacy_dedup: DedupWindow::new(256),

@@ -34,6 +34,7 @@ pub mod seal;
 #[cfg(feature = "classic")]
 pub mod server;
 pub mod session;
+pub mod small_map;
 #[cfg(feature = "testing")]
 pub mod testing;
 

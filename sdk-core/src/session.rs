@@ -8,7 +8,7 @@
 //! socket to `handle_closed`, and time to `handle_timeout` at `poll_timeout`.
 //! After every call it drains `poll_action` and `poll_event`.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use mpush_protocol::crypto::{Rng, RsaPublic, random_array};
 use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::message::ErrorCode;
 use mpush_protocol::session::{AckMode, DeviceInfo, Profile, ResumeTicket};
+use mpush_protocol::small_map::SmallMap;
 use rand_core::{Rng as _, SeedableRng};
 
 /// How to reach the servers and who this client is.
@@ -430,11 +431,11 @@ pub struct Session {
     next_request: u64,
     /// Up-pushes sent and waiting for the server's answer, by connection
     /// request id; queued again if the connection drops first.
-    requests: HashMap<i32, UpPush>,
+    requests: SmallMap<i32, UpPush>,
     /// Open ACK handles: ack id → (connection generation, token).
     /// Bounded by `dedup_capacity` (oldest out): an app that never
     /// acknowledges cannot grow it without end; the server resends those.
-    acks: BTreeMap<u64, (u64, AckToken)>,
+    acks: SmallMap<u64, (u64, AckToken)>,
     next_ack: u64,
     generation: u64,
     actions: VecDeque<Action>,
@@ -490,8 +491,8 @@ impl Session {
             binds: Vec::new(),
             outbound: VecDeque::new(),
             next_request: 1,
-            requests: HashMap::new(),
-            acks: BTreeMap::new(),
+            requests: SmallMap::new(),
+            acks: SmallMap::new(),
             next_ack: 1,
             generation: 0,
             actions: VecDeque::new(),
@@ -821,7 +822,7 @@ impl Session {
             Outbound::Push(p) => Some(p.request),
             Outbound::Ack(_) => None,
         }));
-        open.sort_unstable();
+        // Binds, then the pushes sent (in the order sent), then the queued ones.
         for r in open {
             self.settle(r, Err(SessionError::Stopped));
         }
@@ -918,8 +919,7 @@ impl Session {
         self.acks.retain(|_, (_, t)| t.message_id.is_some());
         // Up-pushes not answered yet go first on the next connection, in
         // the order they were made, with their message ids.
-        let mut unanswered: Vec<UpPush> = self.requests.drain().map(|(_, p)| p).collect();
-        unanswered.sort_by_key(|p| p.request);
+        let unanswered: Vec<UpPush> = self.requests.drain().map(|(_, p)| p).collect();
         for p in unanswered.into_iter().rev() {
             self.outbound.push_front(Outbound::Push(p));
         }
