@@ -17,10 +17,16 @@ const field = (name) => new RegExp(`\\[workspace\\.package\\][^[]*?${name}\\s*=\
 const repository = field("repository");
 const homepage = field("homepage") ?? repository;
 
-const modules = ["mpush_sdk", "mpush_sdk_tls", "mpush_sdk_conformance"];
-const files = modules.flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_bg.wasm`, `${m}_bg.wasm.d.ts`]);
+// wasm-bindgen's output for each core, then the app modules (an entry over
+// client.js, the driver) and their types.
+const cores = ["mpush_sdk_core", "mpush_sdk_tls_core", "mpush_sdk_conformance"];
+const files = [
+  ...cores.flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_bg.wasm`, `${m}_bg.wasm.d.ts`]),
+  "client.js",
+  ...["mpush_sdk", "mpush_sdk_tls"].flatMap((m) => [`${m}.js`, `${m}.d.ts`]),
+];
 for (const f of files) {
-  if (!existsSync(join(pkg, f))) throw new Error(`wasm-bindgen output is missing ${f}`);
+  if (!existsSync(join(pkg, f))) throw new Error(`the package is missing ${f}`);
 }
 const manifest = {
   name: "mpush-sdk",
@@ -38,10 +44,10 @@ const manifest = {
   types: "./mpush_sdk.d.ts",
   exports: {
     ".": { types: "./mpush_sdk.d.ts", default: "./mpush_sdk.js" },
-    "./mpush_sdk_bg.wasm": "./mpush_sdk_bg.wasm",
+    "./mpush_sdk_core_bg.wasm": "./mpush_sdk_core_bg.wasm",
     // The same API without RSA and AES: wss:// servers of this project only (ADR 0005).
     "./tls": { types: "./mpush_sdk_tls.d.ts", default: "./mpush_sdk_tls.js" },
-    "./mpush_sdk_tls_bg.wasm": "./mpush_sdk_tls_bg.wasm",
+    "./mpush_sdk_tls_core_bg.wasm": "./mpush_sdk_tls_core_bg.wasm",
     // A self-test build with checkVector (the shared protocol vectors); apps never load it.
     "./conformance": { types: "./mpush_sdk_conformance.d.ts", default: "./mpush_sdk_conformance.js" },
     "./mpush_sdk_conformance_bg.wasm": "./mpush_sdk_conformance_bg.wasm",

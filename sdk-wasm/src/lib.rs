@@ -1,161 +1,386 @@
-//! The mpush browser SDK: [`PushClient`], a wasm-bindgen class over
-//! `WebSocket` that drives `mpush-sdk-core`'s `Session` (reconnect with
-//! backoff and jitter, fast connect, re-bind, dedup, ACKs, the offline queue)
-//! and makes no protocol decision of its own. Built into the npm package
-//! `mpush-sdk` by `scripts/build-web`; see `sdk-wasm/README.md`.
+//! The mpush browser SDK's core: `mpush-sdk-core`'s `Session` (reconnect
+//! with backoff and jitter, fast connect, re-bind, dedup, ACKs, the offline
+//! queue) behind a narrow wasm-bindgen class, [`Core`], that takes and gives
+//! plain values. The driver around it (the `WebSocket`, the timer, promises,
+//! callbacks and the event iterator) is the package's `client.js`, as the
+//! native driver is `sdk-core/src/native.rs`: it makes no protocol decision,
+//! and this crate makes no I/O.
+//!
+//! Why the driver is JavaScript: the browser package has a 60 KB budget,
+//! and the same driver written in Rust was 25 KB of the module (every JS
+//! object built field by field through `Reflect`, every callback a closure
+//! shim); in JavaScript it is a few kilobytes. See `sdk-wasm/README.md`.
 //!
 //! The crate compiles for the host too (so the workspace's lints and tests
 //! cover it), but it only does something in a JavaScript engine.
 
-mod client;
-mod events;
-mod js;
-mod options;
-mod socket;
+use std::sync::Arc;
+use std::time::Duration;
 
+use js_sys::Uint8Array;
+use mpush_protocol::Instant;
+use mpush_protocol::crypto::RsaPublic;
+use mpush_protocol::session::{AckMode, DeviceInfo};
+use mpush_sdk_core::session::{
+    Action, Session, SessionConfig, SessionError, SessionEvent, SessionState, parse_server_list,
+};
 use wasm_bindgen::prelude::*;
 
-pub use client::PushClient;
-pub use events::EventIterator;
-
-#[wasm_bindgen(typescript_custom_section)]
-const TS_TYPES: &'static str = r#"
-/** Where the SDK keeps the resume ticket and the device id: `localStorage` by default. */
-export interface TicketStorage {
-  getItem(key: string): string | null;
-  setItem(key: string, value: string): void;
-  removeItem(key: string): void;
+#[wasm_bindgen(inline_js = "export function mkError(code, message, retryable) {
+  const e = new Error(message);
+  e.code = code;
+  e.retryable = retryable;
+  return e;
+}")]
+extern "C" {
+    #[wasm_bindgen(js_name = mkError)]
+    fn mk_error(code: &str, message: &str, retryable: bool) -> JsValue;
 }
 
-export interface BackoffOptions {
-  /** First delay before reconnecting (default 1000). */
-  initialMs?: number;
-  /** Longest delay (default 60000). */
-  maxMs?: number;
-  /** Growth per failed attempt (default 2). */
-  multiplier?: number;
-  /** Random part of each delay, 0..1 (default 0.2: ±20 %). */
-  jitter?: number;
+/// An `Error` with the core's `code` (shared by every SDK) and `retryable`:
+/// every error the SDK raises is one of the core's.
+fn js_error(e: &SessionError) -> JsValue {
+    mk_error(e.code(), &e.to_string(), e.retryable())
 }
 
-export interface PushClientOptions {
-  /** WebSocket gateway URLs (`ws://` or `wss://`), tried in order. */
-  servers?: string | string[];
-  /** An allocator whose GET answers a comma-separated list of gateway URLs
-   *  (the server's `/?transport=ws`); asked before each round of attempts. */
-  allocatorUrl?: string;
-  /** The server's RSA public key, PEM or base64 X.509. Default: mpush's public default key. */
-  publicKey?: string;
-  /** Default: a random id made once and kept in `storage`. */
-  deviceId?: string;
-  /** Default "web" (mpush client type 3). */
-  osName?: string;
-  osVersion?: string;
-  clientVersion?: string;
-  /** Offer the v2 profile (AEAD, message ids, resume proofs). Default true; a legacy server ignores it. */
-  v2?: boolean;
-  /** On `wss://`: use the transport-secured profile (ADR 0005: no RSA or AES on top of
-   *  TLS; servers of this project only, falling back to the classic handshake if a server
-   *  refuses it). Default true. */
-  transportProfile?: boolean;
-  /** Heartbeat asked of the server (default 240000). */
-  heartbeatMs?: number;
-  /** How long one connection attempt may take (default 10000). */
-  connectTimeoutMs?: number;
-  backoff?: BackoffOptions;
-  /** Message ids remembered to drop repeats, across reconnects (default 1024). */
-  dedupCapacity?: number;
-  /** Up-pushes and ACKs kept while offline (default 256); beyond it they are refused with `queue_full`. */
-  outboundCapacity?: number;
-  /** Where the resume ticket and device id persist; `null` keeps them in memory only. */
-  storage?: TicketStorage | null;
-  /** Prefix of the storage keys (default "mpush"). */
-  storageKey?: string;
-  onMessage?: ((message: PushMessage) => void) | null;
-  onStateChange?: ((state: ConnectionState, detail: StateDetail) => void) | null;
-  onKicked?: ((info: KickInfo) => void) | null;
-  onError?: ((error: PushError) => void) | null;
-  /** The WebSocket constructor, for runtimes without a global one (Node 18-21:
-   *  `import { WebSocket } from "ws"`). Default: `globalThis.WebSocket`. */
-  WebSocket?: new (url: string) => unknown;
+/// The error of `kind` (a `SessionError` code) for the driver's own checks:
+/// `invalid_input` (an option of the wrong type), `invalid_state` (a command
+/// before `connect()`), `stopped`, `storage`, `callback`, `events_overflow`.
+#[wasm_bindgen(js_name = sdkError)]
+pub fn sdk_error(kind: &str, message: String) -> JsValue {
+    js_error(&match kind {
+        "invalid_state" => SessionError::NotStarted,
+        "stopped" => SessionError::Stopped,
+        "storage" => SessionError::Storage(message),
+        "callback" => SessionError::Callback(message),
+        "events_overflow" => SessionError::EventsOverflow,
+        _ => SessionError::InvalidInput(message),
+    })
 }
 
-export type ConnectionState = "idle" | "connecting" | "connected" | "disconnected" | "closed";
-
-export interface StateDetail {
-  /** Why the connection ended ("disconnected", "closed"). */
-  reason?: string;
-  /** When the next attempt starts ("disconnected"). */
-  retryInMs?: number;
-  /** The gateway ("connecting", "connected"). */
-  address?: string;
-  /** Fast connect: the session was resumed without a full handshake ("connected"). */
-  resumed?: boolean;
-  /** The v2 profile is in use ("connected"). */
-  v2?: boolean;
+/// Whether this module has mpush's classic handshake (RSA, AES): the full
+/// `mpush-sdk` module does; `mpush-sdk/tls` speaks only the transport-secured
+/// profile over `wss://` (ADR 0005).
+#[wasm_bindgen]
+pub fn classic() -> bool {
+    cfg!(feature = "classic")
 }
 
-export interface PushMessage {
-  /** This client's handle for the message: pass it to `ack()`. */
-  id: number;
-  /** The server's message id (v2 servers), as a decimal string; `null` from legacy servers. */
-  messageId: string | null;
-  traceId: string;
-  data: Uint8Array;
-  /** `data` as UTF-8 (invalid sequences replaced). */
-  text: string;
-  /** The server waits for `ack(id)` (BIZ mode); AUTO messages were acknowledged already. */
-  needsAck: boolean;
+/// The SDK's version.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_owned()
 }
 
-export interface KickInfo {
-  userId: string;
-  deviceId: string;
+/// One session, driven by `client.js`.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct Core {
+    config: Option<SessionConfig>,
+    session: Option<Session>,
 }
 
-/** The core's codes, the same in every SDK (sdk-core/testdata/error-codes.json). */
-export type PushErrorCode =
-  | "invalid_input"
-  | "invalid_state"
-  | "queue_full"
-  | "stopped"
-  | "bind_failed"
-  | "retry_later"
-  | "push_rejected"
-  | "unknown_ack"
-  | "storage"
-  | "events_overflow"
-  | "callback";
-
-export interface PushError extends Error {
-  code: PushErrorCode;
-  /** Trying the same again later may work (`retry_later`: the server could not
-   * take an up-push now or did not answer in time; `queue_full`). */
-  retryable?: boolean;
+fn string(s: impl Into<String>) -> JsValue {
+    JsValue::from(s.into())
 }
 
-export type PushEvent =
-  | { type: "message"; message: PushMessage }
-  | { type: "state"; state: ConnectionState; detail: StateDetail }
-  | { type: "kicked"; userId: string; deviceId: string }
-  | { type: "bound"; userId: string }
-  | { type: "error"; error: PushError };
-
-export interface BindOptions {
-  /** Tags the server filters broadcasts on: an array or a comma-separated string. */
-  tags?: string | string[];
-  /** The bind token, when the server checks one (`security.bind_secret`). */
-  token?: string;
+fn number(n: u64) -> JsValue {
+    JsValue::from_f64(n as f64)
 }
 
-export interface PushOptions {
-  /** Wait for the server's ACK (default true): the promise resolves once the
-   * server accepted the message (handed it to the backend's sinks), and
-   * rejects with `retry_later` (retryable) or `push_rejected`. Until the
-   * server answers, the message is kept and sent again after a reconnect. */
-  ack?: boolean;
+#[wasm_bindgen]
+impl Core {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Core {
+        Core::default()
+    }
+
+    /// Sets and checks the configuration (the core's defaults and ranges).
+    /// `numbers` holds heartbeat, connect timeout, backoff initial, backoff
+    /// max (all ms), backoff multiplier, jitter, dedup capacity and outbound
+    /// capacity; NaN takes the default. Throws `invalid_input` naming the field.
+    #[allow(clippy::too_many_arguments)]
+    pub fn configure(
+        &mut self,
+        servers: Vec<String>,
+        allocator_url: Option<String>,
+        public_key: Option<String>,
+        device_id: String,
+        os_name: String,
+        os_version: String,
+        client_version: String,
+        v2: bool,
+        transport_profile: bool,
+        numbers: &[f64],
+    ) -> Result<(), JsValue> {
+        let public_key = match public_key {
+            Some(text) => RsaPublic::from_text(&text).map_err(|e| {
+                js_error(&SessionError::InvalidInput(format!(
+                    "options.publicKey: {e}"
+                )))
+            })?,
+            None => RsaPublic::mpush_default(),
+        };
+        let device = DeviceInfo {
+            device_id,
+            os_name,
+            os_version,
+            client_version,
+        };
+        let mut c = SessionConfig::new(servers, Arc::new(public_key), device);
+        c.allocator_url = allocator_url;
+        c.offer_v2 = v2;
+        c.transport_profile = transport_profile;
+        let n = |i: usize| numbers.get(i).copied().filter(|n| !n.is_nan());
+        let ms = |i: usize, into: &mut Duration| {
+            if let Some(v) = n(i) {
+                *into = Duration::from_millis(v as u64);
+            }
+        };
+        ms(0, &mut c.heartbeat);
+        ms(1, &mut c.connect_timeout);
+        ms(2, &mut c.backoff.initial);
+        ms(3, &mut c.backoff.max);
+        if let Some(v) = n(4) {
+            c.backoff.multiplier = v;
+        }
+        if let Some(v) = n(5) {
+            c.backoff.jitter = v;
+        }
+        if let Some(v) = n(6) {
+            c.dedup_capacity = v as usize;
+        }
+        if let Some(v) = n(7) {
+            c.outbound_capacity = v as usize;
+        }
+        c.validate().map_err(|e| js_error(&e))?;
+        self.config = Some(c);
+        Ok(())
+    }
+
+    /// Starts the session (it connects at once). `ticket` is the stored
+    /// resume ticket; `seed` 32 bytes of `crypto.getRandomValues`.
+    pub fn start(
+        &mut self,
+        ticket: Option<String>,
+        seed: &[u8],
+        unix_ms: f64,
+    ) -> Result<(), JsValue> {
+        let (Some(config), Ok(seed)) = (self.config.clone(), <[u8; 32]>::try_from(seed)) else {
+            return Err(js_error(&SessionError::InvalidInput(
+                "start() needs a configuration and a 32-byte seed".into(),
+            )));
+        };
+        self.session = Some(Session::new(
+            config,
+            ticket.as_deref(),
+            seed,
+            Instant::now(),
+            unix_ms as i64,
+        ));
+        Ok(())
+    }
+
+    fn session(&mut self) -> Result<&mut Session, JsValue> {
+        self.session
+            .as_mut()
+            .ok_or_else(|| js_error(&SessionError::NotStarted))
+    }
+
+    /// The socket `open` asked for is open.
+    pub fn opened(&mut self) {
+        if let Some(s) = &mut self.session {
+            s.handle_opened(Instant::now());
+        }
+    }
+
+    /// Bytes from the socket.
+    pub fn input(&mut self, data: &[u8]) {
+        if let Some(s) = &mut self.session {
+            s.handle_input(data, Instant::now());
+        }
+    }
+
+    /// The socket closed (`was_open`) or could not open.
+    pub fn closed(&mut self, reason: &str, was_open: bool) {
+        if let Some(s) = &mut self.session {
+            if was_open {
+                s.handle_closed(reason, Instant::now());
+            } else {
+                s.handle_open_failed(reason, Instant::now());
+            }
+        }
+    }
+
+    /// The allocator's answer to `fetch`: its text, or why it failed.
+    pub fn servers(&mut self, text: Option<String>, error: Option<String>) {
+        if let Some(s) = &mut self.session {
+            let result = match text {
+                Some(t) => Ok(parse_server_list(&t)),
+                None => Err(error.unwrap_or_default()),
+            };
+            s.handle_servers(result, Instant::now());
+        }
+    }
+
+    /// The timer fired.
+    pub fn timeout(&mut self) {
+        if let Some(s) = &mut self.session {
+            s.handle_timeout(Instant::now());
+        }
+    }
+
+    /// The page went online: retry now.
+    pub fn online(&mut self) {
+        if let Some(s) = &mut self.session {
+            s.network_available(Instant::now());
+        }
+    }
+
+    /// The page became visible: check the connection now.
+    pub fn foreground(&mut self) {
+        if let Some(s) = &mut self.session {
+            s.foreground(Instant::now());
+        }
+    }
+
+    /// A request id, settled by a later `settled` item.
+    pub fn bind(&mut self, user_id: &str, tags: &str, token: &str) -> Result<f64, JsValue> {
+        let r = self.session()?.bind(user_id, tags, token, Instant::now());
+        r.map(|r| r as f64).map_err(|e| js_error(&e))
+    }
+
+    pub fn unbind(&mut self) -> Result<f64, JsValue> {
+        let r = self.session()?.unbind(Instant::now());
+        r.map(|r| r as f64).map_err(|e| js_error(&e))
+    }
+
+    /// `ack`: wait for the server's acceptance (AUTO), or only send (NONE).
+    pub fn push(&mut self, data: &[u8], ack: bool) -> Result<f64, JsValue> {
+        let mode = if ack { AckMode::Auto } else { AckMode::None };
+        let r = self.session()?.push(data, mode, Instant::now());
+        r.map(|r| r as f64).map_err(|e| js_error(&e))
+    }
+
+    /// False when there is nothing to acknowledge (unknown or done).
+    pub fn ack(&mut self, ack_id: f64) -> Result<bool, JsValue> {
+        match self.session()?.ack(ack_id as u64, Instant::now()) {
+            Ok(()) => Ok(true),
+            Err(SessionError::UnknownAck(_)) => Ok(false),
+            Err(e) => Err(js_error(&e)),
+        }
+    }
+
+    pub fn close(&mut self) {
+        if let Some(s) = &mut self.session {
+            s.close();
+        }
+    }
+
+    /// `idle` (not started), `connecting`, `connected`, `disconnected`, `closed`.
+    pub fn state(&self) -> String {
+        self.session
+            .as_ref()
+            .map_or("idle", |s| s.state().name())
+            .to_owned()
+    }
+
+    /// Milliseconds until `timeout()` is due; -1: no timer.
+    pub fn wait(&self) -> f64 {
+        let deadline = self.session.as_ref().and_then(Session::poll_timeout);
+        deadline.map_or(-1.0, |t| {
+            t.saturating_duration_since(Instant::now()).as_millis() as f64
+        })
+    }
+
+    /// The next thing for the driver, as an array whose first element names
+    /// it: an action (`open` address, `send` bytes, `close`, `fetch` url),
+    /// then the events (`state`, `message`, `kicked`, `bind`, `ticket`,
+    /// `settled`, `error`, `stopped`). `undefined` when there is nothing.
+    pub fn poll(&mut self) -> Option<Vec<JsValue>> {
+        let s = self.session.as_mut()?;
+        if let Some(a) = s.poll_action() {
+            return Some(match a {
+                Action::Open { address } => vec![string("open"), string(address)],
+                Action::Send(b) => vec![string("send"), Uint8Array::from(&b[..]).into()],
+                Action::Close => vec![string("close")],
+                Action::FetchServers { url } => vec![string("fetch"), string(url)],
+            });
+        }
+        loop {
+            let item = match s.poll_event()? {
+                SessionEvent::StateChanged(state) => {
+                    let name = string(state.name());
+                    match state {
+                        SessionState::Connecting { address } => {
+                            vec![string("state"), name, string(address)]
+                        }
+                        SessionState::Connected {
+                            address,
+                            resumed,
+                            v2,
+                        } => vec![
+                            string("state"),
+                            name,
+                            string(address),
+                            resumed.into(),
+                            v2.into(),
+                        ],
+                        SessionState::Disconnected {
+                            reason,
+                            retry_in_ms,
+                        } => vec![
+                            string("state"),
+                            name,
+                            JsValue::UNDEFINED,
+                            JsValue::UNDEFINED,
+                            JsValue::UNDEFINED,
+                            string(reason),
+                            number(retry_in_ms),
+                        ],
+                        SessionState::Stopped { reason } => vec![
+                            string("state"),
+                            name,
+                            JsValue::UNDEFINED,
+                            JsValue::UNDEFINED,
+                            JsValue::UNDEFINED,
+                            string(reason),
+                        ],
+                    }
+                }
+                SessionEvent::Message(m) => vec![
+                    string("message"),
+                    number(m.ack_id),
+                    // A decimal string: u64 ids do not fit a JS number.
+                    m.message_id
+                        .map_or(JsValue::NULL, |id| string(id.to_string())),
+                    string(m.trace_id),
+                    Uint8Array::from(m.content.as_slice()).into(),
+                    m.needs_ack.into(),
+                ],
+                SessionEvent::Kicked { device_id, user_id } => {
+                    vec![string("kicked"), string(user_id), string(device_id)]
+                }
+                SessionEvent::BindResult {
+                    user_id,
+                    ok,
+                    reason,
+                } => vec![string("bind"), string(user_id), ok.into(), string(reason)],
+                SessionEvent::TicketUpdated { ticket } => vec![string("ticket"), string(ticket)],
+                SessionEvent::Settled { request, result } => vec![
+                    string("settled"),
+                    number(request),
+                    result.err().map_or(JsValue::NULL, |e| js_error(&e)),
+                ],
+                SessionEvent::Error { error } => vec![string("error"), js_error(&error)],
+                SessionEvent::Stopped { reason } => vec![string("stopped"), string(reason)],
+                // `state` carries what these say.
+                _ => continue,
+            };
+            return Some(item);
+        }
+    }
 }
-"#;
 
 /// Checks one shared protocol test vector (the JSON text of one file of
 /// `protocol/testdata/vectors/`) against this build and returns its name;
@@ -173,27 +398,41 @@ pub fn check_vector(json: &str) -> Result<String, JsError> {
 /// `sdk-core/testdata/error-codes.json`, which the tests check them against.
 #[doc(hidden)]
 pub fn error_table() -> Vec<JsValue> {
-    mpush_sdk_core::SessionError::every_kind()
-        .iter()
-        .map(client::session_error)
-        .collect()
+    SessionError::every_kind().iter().map(js_error).collect()
 }
 
 /// The self-test module's `errorTable()`: see [`error_table`].
 #[cfg(feature = "conformance")]
 #[wasm_bindgen(js_name = errorTable)]
-pub fn error_table_js() -> js_sys::Array {
-    error_table().into_iter().collect()
+pub fn error_table_js() -> Vec<JsValue> {
+    error_table()
 }
 
-/// The SDK's version.
-#[wasm_bindgen]
-pub fn version() -> String {
-    env!("CARGO_PKG_VERSION").to_owned()
-}
-
-/// Live WebSocket wrappers and JS closures this module holds, for leak tests.
+/// `version()` and the `Core` class as one object, for `client.js`'s
+/// `makeClient` where a module namespace is not at hand (the tests).
 #[doc(hidden)]
-pub fn live_handles() -> (usize, usize) {
-    (socket::live_sockets(), js::live_closures())
+pub fn module_for_tests() -> JsValue {
+    let o = js_sys::Object::new();
+    let core: JsValue = Core::new().into();
+    let class = js_sys::Reflect::get(&core, &"constructor".into()).unwrap_or(JsValue::UNDEFINED);
+    let set = |k: &str, v: &JsValue| {
+        let _ = js_sys::Reflect::set(&o, &k.into(), v);
+    };
+    set("Core", &class);
+    set(
+        "version",
+        &wasm_bindgen::closure::Closure::<dyn Fn() -> String>::new(version).into_js_value(),
+    );
+    set(
+        "classic",
+        &wasm_bindgen::closure::Closure::<dyn Fn() -> bool>::new(classic).into_js_value(),
+    );
+    set(
+        "sdkError",
+        &wasm_bindgen::closure::Closure::<dyn Fn(String, String) -> JsValue>::new(
+            |k: String, m: String| sdk_error(&k, m),
+        )
+        .into_js_value(),
+    );
+    o.into()
 }

@@ -10,13 +10,60 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use js_sys::{Function, JSON, Object, Promise, Reflect};
-use mpush_sdk_wasm::{PushClient, live_handles};
+use js_sys::{Array, Function, JSON, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use wasm_bindgen_test::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
+
+// The package's driver (js/client.js) over this build's core, as an app
+// gets it from `mpush-sdk`: the tests use the JavaScript API.
+#[wasm_bindgen(module = "/js/client.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = makeClient)]
+    fn make_client(wasm: &JsValue) -> Function;
+    #[wasm_bindgen(js_name = liveHandles)]
+    fn live_handles_js() -> Vec<u32>;
+}
+
+#[wasm_bindgen]
+extern "C" {
+    type PushClient;
+    #[wasm_bindgen(method)]
+    fn connect(this: &PushClient) -> Promise;
+    #[wasm_bindgen(method)]
+    fn bind(this: &PushClient, user_id: String, options: Option<JsValue>) -> Promise;
+    #[wasm_bindgen(method, catch)]
+    fn ack(this: &PushClient, message: JsValue) -> Result<bool, JsValue>;
+    #[wasm_bindgen(method)]
+    fn push(this: &PushClient, data: JsValue, options: Option<JsValue>) -> Promise;
+    #[wasm_bindgen(method)]
+    fn close(this: &PushClient);
+    #[wasm_bindgen(method)]
+    fn events(this: &PushClient) -> JsValue;
+    #[wasm_bindgen(method, getter)]
+    fn state(this: &PushClient) -> String;
+    #[wasm_bindgen(method, getter, js_name = deviceId)]
+    fn device_id(this: &PushClient) -> String;
+}
+
+thread_local! {
+    static CLASS: Function = make_client(&mpush_sdk_wasm::module_for_tests());
+}
+
+impl PushClient {
+    /// `new PushClient(options)`.
+    fn new(options: JsValue) -> Result<PushClient, JsValue> {
+        CLASS.with(|c| Reflect::construct(c, &Array::of1(&options)).map(JsCast::unchecked_into))
+    }
+}
+
+/// Open sockets, and handlers and timers registered, of every client.
+fn live_handles() -> (usize, usize) {
+    let v = live_handles_js();
+    (v[0] as usize, v[1] as usize)
+}
 
 const WS: Option<&str> = option_env!("MPUSH_TEST_WS");
 const API: Option<&str> = option_env!("MPUSH_TEST_API");
@@ -315,10 +362,10 @@ async fn connect_bind_receive_ack_and_deduplicate_a_retried_message() {
     assert_eq!(get(&err, "code").as_string().as_deref(), Some("stopped"));
 }
 
-/// Many failed attempts in a row: each attempt's socket and closures are
+/// Many failed attempts in a row: each attempt's socket and handlers are
 /// freed before the next, and `close()` frees the rest.
 #[wasm_bindgen_test]
-async fn reconnect_attempts_free_their_sockets_and_closures() {
+async fn reconnect_attempts_free_their_sockets_and_handlers() {
     let seen = Rc::new(RefCell::new(Seen::default()));
     let mut keep = Keep::new();
     let o = options(
@@ -344,8 +391,8 @@ async fn reconnect_attempts_free_their_sockets_and_closures() {
         .count();
     assert!(failures >= 5, "only {failures} attempts");
     assert!(most.0 <= 1, "at most one socket at a time, saw {}", most.0);
-    // 4 socket closures + the timer + 2 page listeners.
-    assert!(most.1 <= 7, "closures pile up: {}", most.1);
+    // 4 socket handlers + the timer + 2 page listeners.
+    assert!(most.1 <= 7, "handlers pile up: {}", most.1);
     client.close();
     assert_eq!(live_handles(), (0, 0));
 }

@@ -81,7 +81,7 @@ try {
   });
 
   const sdk = await import(mainUrl);
-  await sdk.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_bg.wasm"))) });
+  await sdk.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_core_bg.wasm"))) });
 
   await check("the app module loads and refuses bad options clearly", () => {
     assert.match(sdk.version(), /^\d+\.\d+\.\d+/);
@@ -97,7 +97,7 @@ try {
 
   await check("mpush-sdk/tls: the same API, no RSA or AES, wss:// only", async () => {
     const tls = await import(resolveFrom("mpush-sdk/tls"));
-    await tls.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_tls_bg.wasm"))) });
+    await tls.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_tls_core_bg.wasm"))) });
     assert.equal(tls.version(), sdk.version());
     assert.throws(() => new tls.PushClient({ servers: "ws://127.0.0.1:1/", storage: null }), (e) => e.code === "invalid_input" && /wss:\/\//.test(e.message));
     assert.throws(() => new tls.PushClient({ servers: "wss://h/", publicKey: "x", storage: null }), (e) => e.code === "invalid_input" && /RSA/.test(e.message));
@@ -105,7 +105,7 @@ try {
     assert.equal(c.state, "idle");
     c.close();
     const size = (f) => readFileSync(join(pkgDir, f)).length;
-    assert.ok(size("mpush_sdk_tls_bg.wasm") < size("mpush_sdk_bg.wasm") * 0.8, "smaller than the full module");
+    assert.ok(size("mpush_sdk_tls_core_bg.wasm") < size("mpush_sdk_core_bg.wasm") * 0.6, "smaller than the full module");
   });
 
   await check("TypeScript: a consumer type-checks under --strict", () => {
