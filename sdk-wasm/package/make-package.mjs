@@ -1,4 +1,4 @@
-// Writes package.json and README.md into the wasm-bindgen output folder.
+// Writes package.json, README.md and LICENSE into the package folder.
 // Usage: node make-package.mjs <pkg dir>
 import { readFileSync, writeFileSync, copyFileSync, existsSync } from "node:fs";
 import { join, dirname } from "node:path";
@@ -17,13 +17,11 @@ const field = (name) => new RegExp(`\\[workspace\\.package\\][^[]*?${name}\\s*=\
 const repository = field("repository");
 const homepage = field("homepage") ?? repository;
 
-// wasm-bindgen's output for each core, then the app modules (an entry over
-// client.js, the driver) and their types.
-const cores = ["mpush_sdk_core", "mpush_sdk_tls_core", "mpush_sdk_conformance"];
+// Each module: one bundled ES module (its core's bindings, and for the app
+// modules the driver, js/client.js), its types and its .wasm.
 const files = [
-  ...cores.flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_bg.wasm`, `${m}_bg.wasm.d.ts`]),
-  "client.js",
-  ...["mpush_sdk", "mpush_sdk_tls"].flatMap((m) => [`${m}.js`, `${m}.d.ts`]),
+  ...["mpush_sdk", "mpush_sdk_tls"].flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_core_bg.wasm`]),
+  ...["mpush_sdk_conformance.js", "mpush_sdk_conformance.d.ts", "mpush_sdk_conformance_bg.wasm"],
 ];
 for (const f of files) {
   if (!existsSync(join(pkg, f))) throw new Error(`the package is missing ${f}`);
@@ -53,8 +51,8 @@ const manifest = {
     "./mpush_sdk_conformance_bg.wasm": "./mpush_sdk_conformance_bg.wasm",
     "./package.json": "./package.json",
   },
-  files: [...files, "snippets/", "README.md", "LICENSE"],
-  sideEffects: ["./snippets/*"],
+  files: [...files, "README.md", "LICENSE"],
+  sideEffects: false,
   keywords: ["mpush", "push", "websocket", "wasm", "notifications"],
 };
 writeFileSync(join(pkg, "package.json"), JSON.stringify(manifest, null, 2) + "\n");
