@@ -122,6 +122,36 @@ pub enum ClientCloseReason {
     Protocol(ProtocolError),
 }
 
+/// Words for the app (a disconnect's `reason`): what happened and, for an
+/// error, the server's code and text.
+impl std::fmt::Display for ClientCloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local => f.write_str("closed by this side"),
+            Self::HandshakeTimeout => {
+                f.write_str("the server did not answer the handshake in time")
+            }
+            Self::HeartbeatTimeout => f.write_str("nothing from the server within the heartbeat"),
+            Self::RequestTimeout(cmd) => write!(f, "the server did not answer {cmd} in time"),
+            Self::HandshakeRefused { code, reason } => {
+                write!(
+                    f,
+                    "the server refused the handshake (error {}: {reason})",
+                    code.0
+                )
+            }
+            Self::ServerError { cmd, code, reason } => {
+                write!(
+                    f,
+                    "the server answered {cmd} with error {}: {reason}",
+                    code.0
+                )
+            }
+            Self::Protocol(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClientEvent {

@@ -86,12 +86,19 @@ impl Command {
     }
 }
 
-impl std::fmt::Debug for Command {
+/// The command's name (`BIND`), or `Command(99)` for one this crate does not know.
+impl std::fmt::Display for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.name() {
-            Some(n) => write!(f, "{n}"),
+            Some(n) => f.write_str(n),
             None => write!(f, "Command({})", self.0),
         }
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }
 

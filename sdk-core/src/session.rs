@@ -1120,9 +1120,9 @@ impl Session {
                 self.actions.push_back(Action::Close);
                 self.drop_connection();
                 if reconnect || fall_back {
-                    self.retry_later(now, format!("{reason:?}"));
+                    self.retry_later(now, reason.to_string());
                 } else {
-                    self.stop(format!("{reason:?}"));
+                    self.stop(reason.to_string());
                 }
             }
             _ => {}
