@@ -26,6 +26,10 @@ use mpush_sdk_core::session::{
 };
 use wasm_bindgen::prelude::*;
 
+#[cfg(all(target_family = "wasm", not(target_feature = "atomics")))]
+#[global_allocator]
+static TALC: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+
 #[wasm_bindgen(inline_js = "export function mkError(code, message, retryable) {
   const e = new Error(message);
   e.code = code;
