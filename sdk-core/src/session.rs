@@ -98,13 +98,13 @@ impl SessionConfig {
         }
         for s in &self.servers {
             if let Err(why) = check_address(s) {
-                return bad(format!("servers: {s:?}: {why}"));
+                return bad(format!("servers: \"{s}\": {why}"));
             }
         }
         if let Some(u) = &self.allocator_url
             && !(u.starts_with("http://") || u.starts_with("https://"))
         {
-            return bad(format!("allocator_url: {u:?} is not an http(s):// URL"));
+            return bad(format!("allocator_url: \"{u}\" is not an http(s):// URL"));
         }
         if self.device.device_id.is_empty() {
             return bad("device_id must not be empty".into());
