@@ -46,6 +46,13 @@ pub struct Net {
     /// the API and the WebSocket gateway see the client's address (for the
     /// loopback-only API, per-IP limits and logs) and the original scheme.
     pub trusted_proxies: Vec<String>,
+    /// Development only: plain `ws://` connections from a loopback peer
+    /// count as secure for the transport-secured profile (ADR 0005), so the
+    /// browser's `mpush-sdk` module, which has no RSA or AES, can reach a
+    /// server on this machine without TLS. Needs `net.ws` on a loopback
+    /// address and no `trusted_proxies`; never put a reverse proxy on this
+    /// machine in front of such a server (its connections come from loopback).
+    pub dev_loopback_transport: bool,
 }
 
 impl Default for Net {
@@ -61,6 +68,7 @@ impl Default for Net {
             public_ws_url: String::new(),
             demo_dir: "demo-web".into(),
             trusted_proxies: Vec::new(),
+            dev_loopback_transport: false,
         }
     }
 }
@@ -784,6 +792,14 @@ impl Settings {
                 "needs 32 characters or more (e.g. `openssl rand -hex 32`)",
             ));
         }
+        if self.net.dev_loopback_transport
+            && (!self.net.trusted_proxies.is_empty() || !ws.is_some_and(|a| a.ip().is_loopback()))
+        {
+            return Err(invalid(
+                "net.dev_loopback_transport",
+                "is for development: it needs net.ws on a loopback address and no net.trusted_proxies",
+            ));
+        }
         // Secure by default: what other hosts can reach needs a credential,
         // or an opt-in whose name says what it gives away.
         let exposed = |a: &SocketAddr| !a.ip().is_loopback();
@@ -1015,6 +1031,21 @@ mod tests {
         let mut s = Settings::default();
         s.limits.min_heartbeat_ms = 10;
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn dev_loopback_transport_is_for_a_loopback_server_without_proxies() {
+        let mut s = Settings::default();
+        s.net.dev_loopback_transport = true;
+        assert!(s.clone().validate().is_ok(), "the loopback defaults");
+        let mut proxied = s.clone();
+        proxied.net.trusted_proxies = vec!["10.0.0.0/8".into()];
+        let mut exposed = s.clone();
+        exposed.net.ws = "0.0.0.0:8088".into();
+        for bad in [proxied, exposed] {
+            let e = bad.validate().err().expect("refused").to_string();
+            assert!(e.contains("net.dev_loopback_transport"), "{e}");
+        }
     }
 
     #[test]

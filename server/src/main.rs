@@ -153,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = settings.validate()?;
     let default_key = cfg.default_key;
     let open_api = cfg.settings.security.api_tokens.is_empty();
+    let dev_transport = cfg.settings.net.dev_loopback_transport;
     let demo = mpush_server::api::demo_dir(&cfg.settings.net.demo_dir).is_some();
     let tls = cfg.settings.tls.clone();
     let (ws_scheme, http_scheme) = (
@@ -166,6 +167,12 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(
             "USING MPUSH'S PUBLISHED RSA KEY: anyone can decrypt handshakes made with it. \
              Fine on loopback; make your own with `mpush-server keygen` for anything real."
+        );
+    }
+    if dev_transport {
+        tracing::warn!(
+            "net.dev_loopback_transport is on: plain ws:// from this machine skips mpush's RSA \
+             and AES (development only; never put a local reverse proxy in front of this server)"
         );
     }
     if open_api {

@@ -621,4 +621,15 @@ async fn the_plaintext_profile_needs_tls_or_a_trusted_proxy_that_says_so() {
         "no trusted proxies at all: refused"
     );
     server.shutdown().await;
+
+    // net.dev_loopback_transport: a development server takes the profile
+    // over plain ws:// from this machine (the browser's default module).
+    let mut dev = settings();
+    dev.net.dev_loopback_transport = true;
+    let server = start(dev).await;
+    assert!(
+        try_profile(server.ws.expect("ws")).await,
+        "a development server: the profile from loopback is allowed"
+    );
+    server.shutdown().await;
 }

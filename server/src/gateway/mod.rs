@@ -250,7 +250,13 @@ where
         Err(_) => return None,
     };
     match slot {
-        Some(s) => Some((ws, peer, s, false)),
+        // `net.dev_loopback_transport`: a plain connection from this machine
+        // may use the transport-secured profile (development only; the
+        // setting needs a loopback listener and no proxies).
+        Some(s) => {
+            let dev = gw.hub.cfg().settings.net.dev_loopback_transport && peer.ip().is_loopback();
+            Some((ws, peer, s, dev))
+        }
         // Trusted proxies are configured: the client's address, and whether
         // its own connection was TLS, come from them.
         None => {
