@@ -100,6 +100,12 @@ impl SessionConfig {
             if let Err(why) = check_address(s) {
                 return bad(format!("servers: \"{s}\": {why}"));
             }
+            if !cfg!(feature = "classic") && !transport_capable(s) {
+                return bad(format!(
+                    "servers: \"{s}\": this build has no RSA or AES, so it speaks only the \
+                     transport-secured profile: wss://, or ws:// to this machine for development"
+                ));
+            }
         }
         if let Some(u) = &self.allocator_url
             && !(u.starts_with("http://") || u.starts_with("https://"))
@@ -138,6 +144,33 @@ impl SessionConfig {
 /// An address whose connection is TLS (`tls://`, `wss://`).
 pub fn is_tls_address(address: &str) -> bool {
     address.starts_with("tls://") || address.starts_with("wss://")
+}
+
+/// A `ws://` address on this machine (`localhost`, 127.0.0.0/8, `[::1]`):
+/// a development server, which may take the transport-secured profile over
+/// plain WebSocket when it says so (`net.dev_loopback_transport`, ADR 0005).
+pub fn is_loopback_ws(address: &str) -> bool {
+    let Some(rest) = address.strip_prefix("ws://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    // 127.0.0.0/8 as a dotted quad, or ::1 (no IP parser: this runs in the
+    // browser module, where every kilobyte counts).
+    let v4_loopback = host.split('.').count() == 4
+        && host.starts_with("127.")
+        && host.split('.').all(|p| p.parse::<u8>().is_ok());
+    host.eq_ignore_ascii_case("localhost") || host == "::1" || v4_loopback
+}
+
+/// Whether this build may use the transport-secured profile on `address`:
+/// TLS addresses, and (in a build without the classic handshake, which has
+/// no other way in) `ws://` to this machine for development.
+fn transport_capable(address: &str) -> bool {
+    is_tls_address(address) || (!cfg!(feature = "classic") && is_loopback_ws(address))
 }
 
 /// `host:port`, `tls://host:port`, `ws://...` or `wss://...`.
@@ -567,7 +600,7 @@ impl Session {
         self.conn_transport = self.config.transport_profile
             && self.config.offer_v2
             && !self.transport_refused
-            && is_tls_address(&address);
+            && transport_capable(&address);
         self.conn_established = false;
         let config = if self.conn_transport {
             &self.transport_config
@@ -1132,5 +1165,37 @@ impl Session {
     fn unix_ms(&self, now: Instant) -> i64 {
         let (base, ms) = self.clock;
         ms + i64::try_from(now.saturating_duration_since(base).as_millis()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_websocket_addresses() {
+        for a in [
+            "ws://localhost:8088/",
+            "ws://LOCALHOST",
+            "ws://127.0.0.1:8088",
+            "ws://127.9.9.9/x",
+            "ws://[::1]:8088/",
+            "ws://127.0.0.1:8088?x=1",
+        ] {
+            assert!(is_loopback_ws(a), "{a}");
+        }
+        for a in [
+            "wss://localhost/",
+            "ws://example.com/",
+            "ws://10.0.0.1:8088",
+            "ws://localhost.example.com/",
+            "ws://127.0.0.1.nip.io/",
+            "ws://[::2]/",
+            "ws://user@evil/",
+            "tls://127.0.0.1:3000",
+            "127.0.0.1:3000",
+        ] {
+            assert!(!is_loopback_ws(a), "{a}");
+        }
     }
 }
