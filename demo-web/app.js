@@ -1,12 +1,20 @@
 // The demo page: the packed mpush-sdk package against the server that serves
 // this page. Query parameters (for tests and tinkering): ?ws=<gateway URL>,
-// ?backoffMs=<first reconnect delay>, ?user=<bind this user at once>.
+// ?backoffMs=<first reconnect delay>, ?user=<bind this user at once>,
+// ?sdk=default|classic (which module of the package).
+//
+// The package's default module has no RSA or AES (ADR 0005): it needs wss://,
+// or ws:// to a development server on this machine started with
+// `net.dev_loopback_transport`. A page served over plain http (the server's
+// defaults) uses `mpush-sdk/classic`, which does mpush's RSA and AES handshake.
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
+const module = params.get("sdk") ?? (location.protocol === "https:" ? "default" : "classic");
 
 let sdk;
 try {
-  sdk = await import("mpush-sdk");
+  sdk = await import(module === "classic" ? "mpush-sdk/classic" : "mpush-sdk");
+  document.body.dataset.sdk = module;
   await sdk.default();
 } catch (e) {
   $("missing").hidden = false;

@@ -41,6 +41,9 @@ const server = await startServer({
   http: `127.0.0.1:${httpPort}`,
   env: {
     MPUSH__NET__DEMO_DIR: join(root, "demo-web"),
+    // A development server: the package's default module (no RSA or AES)
+    // may use ws:// to it, and the page loads that module (?sdk=default).
+    MPUSH__NET__DEV_LOOPBACK_TRANSPORT: "true",
     MPUSH__SINKS__WEBHOOKS: `[{url="http://127.0.0.1:${hookPort}/",secret="${secret}"}]`,
   },
 });
@@ -64,10 +67,11 @@ let ok = false;
 try {
   const user = `demo-${process.pid}`;
   // Reconnect delay 1.5-2.5 s: room to push while the page is away.
-  await page.goto(`${server.apiUrl}/demo/?user=${user}&backoffMs=2000`);
+  await page.goto(`${server.apiUrl}/demo/?user=${user}&backoffMs=2000&sdk=default`);
   await page.locator("#state[data-state=connected]").waitFor({ timeout: 15000 });
   await page.locator(`body[data-bound="${user}"]`).waitFor({ timeout: 15000 });
-  console.log("ok   the page connected (allocator, v2) and bound", user);
+  assert.equal(await page.locator("body").getAttribute("data-sdk"), "default");
+  console.log("ok   the page connected (allocator, v2; the package's default module, no RSA or AES) and bound", user);
   assert.match(await page.locator("#detail").textContent(), /v2/);
 
   // A push with the page's own form (the HTTP API), acknowledged by the SDK.

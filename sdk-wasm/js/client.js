@@ -124,7 +124,7 @@ class EventQueue {
 }
 
 /**
- * The `PushClient` class over one module's core: `{ Core, version, classic, sdkError }`.
+ * The `PushClient` class over one module's core: `{ Core, version, sdkError }`.
  */
 export function makeClient(wasm) {
   const { Core, sdkError } = wasm;
@@ -178,9 +178,6 @@ export function makeClient(wasm) {
       if (typeof s !== "string") throw invalid("options.servers must hold strings");
       if (!s.startsWith("ws://") && !s.startsWith("wss://")) {
         throw invalid(`options.servers: "${s}" is not a ws:// or wss:// URL (browsers reach the WebSocket gateway)`);
-      }
-      if (!wasm.classic() && !s.startsWith("wss://")) {
-        throw invalid(`options.servers: "${s}": this module (mpush-sdk/tls) speaks only wss://; use the mpush-sdk module for ws://`);
       }
     }
     let storage = o === undefined ? undefined : o.storage;

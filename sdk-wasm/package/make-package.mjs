@@ -20,7 +20,7 @@ const homepage = field("homepage") ?? repository;
 // Each module: one bundled ES module (its core's bindings, and for the app
 // modules the driver, js/client.js), its types and its .wasm.
 const files = [
-  ...["mpush_sdk", "mpush_sdk_tls"].flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_core_bg.wasm`]),
+  ...["mpush_sdk", "mpush_sdk_classic"].flatMap((m) => [`${m}.js`, `${m}.d.ts`, `${m}_core_bg.wasm`]),
   ...["mpush_sdk_conformance.js", "mpush_sdk_conformance.d.ts", "mpush_sdk_conformance_bg.wasm"],
 ];
 for (const f of files) {
@@ -41,11 +41,13 @@ const manifest = {
   module: "./mpush_sdk.js",
   types: "./mpush_sdk.d.ts",
   exports: {
+    // The transport-secured profile only (ADR 0005): wss://, or ws:// to a
+    // development server on this machine; no RSA or AES. 60 KiB gzipped.
     ".": { types: "./mpush_sdk.d.ts", default: "./mpush_sdk.js" },
     "./mpush_sdk_core_bg.wasm": "./mpush_sdk_core_bg.wasm",
-    // The same API without RSA and AES: wss:// servers of this project only (ADR 0005).
-    "./tls": { types: "./mpush_sdk_tls.d.ts", default: "./mpush_sdk_tls.js" },
-    "./mpush_sdk_tls_core_bg.wasm": "./mpush_sdk_tls_core_bg.wasm",
+    // The same API with mpush's RSA and AES handshake: ws:// anywhere, legacy mpush servers.
+    "./classic": { types: "./mpush_sdk_classic.d.ts", default: "./mpush_sdk_classic.js" },
+    "./mpush_sdk_classic_core_bg.wasm": "./mpush_sdk_classic_core_bg.wasm",
     // A self-test build with checkVector (the shared protocol vectors); apps never load it.
     "./conformance": { types: "./mpush_sdk_conformance.d.ts", default: "./mpush_sdk_conformance.js" },
     "./mpush_sdk_conformance_bg.wasm": "./mpush_sdk_conformance_bg.wasm",

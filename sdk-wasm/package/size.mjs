@@ -1,5 +1,6 @@
 // Prints the gzipped size of the package's wasm and JS (what a page downloads).
-// Usage: node size.mjs <pkg dir> [--only prefix,...] [--json]
+// Usage: node size.mjs <pkg dir> [--only prefix,...] [--json] [--max BYTES]
+// --max: fail (exit 1) when the gzipped total is over BYTES (a size budget).
 import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
@@ -30,4 +31,13 @@ if (process.argv.includes("--json")) {
 } else {
   for (const r of rows) console.log(`${r.file.padEnd(36)} ${String(r.raw).padStart(8)} B  ${String(r.gzip).padStart(7)} B gzipped`);
   console.log(`${"total (wasm + JS)".padEnd(36)} ${String(raw).padStart(8)} B  ${String(gz).padStart(7)} B gzipped (${(gz / 1024).toFixed(1)} KiB)`);
+}
+const maxAt = process.argv.indexOf("--max");
+if (maxAt > 0) {
+  const max = Number(process.argv[maxAt + 1]);
+  if (!(gz <= max)) {
+    console.error(`over budget: ${gz} B gzipped > ${max} B`);
+    process.exit(1);
+  }
+  console.log(`within the budget of ${max} B (${((100 * gz) / max).toFixed(0)} %)`);
 }

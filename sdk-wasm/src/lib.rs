@@ -62,14 +62,6 @@ pub fn sdk_error(kind: &str, message: String) -> JsValue {
     })
 }
 
-/// Whether this module has mpush's classic handshake (RSA, AES): the full
-/// `mpush-sdk` module does; `mpush-sdk/tls` speaks only the transport-secured
-/// profile over `wss://` (ADR 0005).
-#[wasm_bindgen]
-pub fn classic() -> bool {
-    cfg!(feature = "classic")
-}
-
 /// The SDK's version.
 #[wasm_bindgen]
 pub fn version() -> String {
@@ -426,10 +418,6 @@ pub fn module_for_tests() -> JsValue {
     set(
         "version",
         &wasm_bindgen::closure::Closure::<dyn Fn() -> String>::new(version).into_js_value(),
-    );
-    set(
-        "classic",
-        &wasm_bindgen::closure::Closure::<dyn Fn() -> bool>::new(classic).into_js_value(),
     );
     set(
         "sdkError",

@@ -44,7 +44,7 @@ try {
     assert.equal(m.type, "module");
     assert.equal(m.exports["."].types, "./mpush_sdk.d.ts");
     assert.ok(m.exports["./conformance"]);
-    assert.equal(m.exports["./tls"].types, "./mpush_sdk_tls.d.ts");
+    assert.equal(m.exports["./classic"].types, "./mpush_sdk_classic.d.ts");
     assert.equal(m.engines.node, ">=18");
     const d = readFileSync(join(pkgDir, "mpush_sdk.d.ts"), "utf8");
     for (const s of ["export interface PushClientOptions", "events(): AsyncIterableIterator<PushEvent>", "export type PushEvent", "connect(): Promise<void>"]) {
@@ -95,17 +95,22 @@ try {
     }
   });
 
-  await check("mpush-sdk/tls: the same API, no RSA or AES, wss:// only", async () => {
-    const tls = await import(resolveFrom("mpush-sdk/tls"));
-    await tls.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_tls_core_bg.wasm"))) });
-    assert.equal(tls.version(), sdk.version());
-    assert.throws(() => new tls.PushClient({ servers: "ws://127.0.0.1:1/", storage: null }), (e) => e.code === "invalid_input" && /wss:\/\//.test(e.message));
-    assert.throws(() => new tls.PushClient({ servers: "wss://h/", publicKey: "x", storage: null }), (e) => e.code === "invalid_input" && /RSA/.test(e.message));
-    const c = new tls.PushClient({ servers: "wss://127.0.0.1:1/", storage: null });
-    assert.equal(c.state, "idle");
-    c.close();
+  const classic = await import(resolveFrom("mpush-sdk/classic"));
+  await classic.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_classic_core_bg.wasm"))) });
+
+  await check("mpush-sdk has no RSA or AES: wss://, or ws:// to this machine; mpush-sdk/classic has both", () => {
+    assert.equal(classic.version(), sdk.version());
+    assert.throws(() => new sdk.PushClient({ servers: "ws://push.example.com/", storage: null }), (e) => e.code === "invalid_input" && /wss:\/\//.test(e.message));
+    assert.throws(() => new sdk.PushClient({ servers: "wss://h/", publicKey: "x", storage: null }), (e) => e.code === "invalid_input" && /RSA/.test(e.message));
+    for (const servers of ["wss://push.example.com/", "ws://127.0.0.1:1/", "ws://localhost:8088/"]) {
+      const c = new sdk.PushClient({ servers, storage: null });
+      assert.equal(c.state, "idle");
+      c.close();
+      assert.equal(c.state, "closed");
+    }
+    new classic.PushClient({ servers: "ws://push.example.com/", storage: null }).close();
     const size = (f) => readFileSync(join(pkgDir, f)).length;
-    assert.ok(size("mpush_sdk_tls_core_bg.wasm") < size("mpush_sdk_core_bg.wasm") * 0.6, "smaller than the full module");
+    assert.ok(size("mpush_sdk_core_bg.wasm") < size("mpush_sdk_classic_core_bg.wasm") * 0.6, "smaller than the classic module");
   });
 
   await check("TypeScript: a consumer type-checks under --strict", () => {
@@ -117,11 +122,14 @@ try {
   const ws = process.env.MPUSH_TEST_WS;
   const api = process.env.MPUSH_TEST_API;
   if (ws && api && typeof WebSocket === "function") {
-    await check("connects over Node's WebSocket, binds, receives and acknowledges a push", async () => {
+    // The default module over ws:// to this machine: the server runs with
+    // net.dev_loopback_transport (scripts/test-web), as a development server.
+    for (const [name, mod] of [["mpush-sdk (transport-secured profile)", sdk], ["mpush-sdk/classic (RSA and AES)", classic]]) {
+    await check(`${name}: connects over Node's WebSocket, binds, receives and acknowledges a push`, async () => {
       const got = [];
-      const client = new sdk.PushClient({ servers: ws, storage: null, onMessage: (m) => got.push(m) });
+      const client = new mod.PushClient({ servers: ws, storage: null, onMessage: (m) => got.push(m) });
       await client.connect();
-      const user = `node-${process.pid}`;
+      const user = `node-${process.pid}-${mod === sdk ? "t" : "c"}`;
       await client.bind(user, { tags: ["node"] });
       const r = await (await fetch(`${api}/api/v1/push`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ userId: user, content: "from node", ackMode: "biz" }) })).json();
       for (let i = 0; i < 250 && got.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
@@ -137,6 +145,7 @@ try {
       client.close();
       assert.equal(client.state, "closed");
     });
+    }
 
     await check("a runtime without a global WebSocket: refused clearly, or given a constructor", async () => {
       const NodeWebSocket = globalThis.WebSocket;
