@@ -10,7 +10,7 @@
 // callback may call back into the client.
 //
 // This file imports nothing: each module of the package (mpush-sdk,
-// mpush-sdk/tls) passes its own core to `makeClient`.
+// mpush-sdk/classic) passes its own core to `makeClient`.
 
 /** Events kept for an iterator nobody reads; beyond it the oldest are dropped. */
 const QUEUE_CAPACITY = 1024;
