@@ -1043,7 +1043,10 @@ mod tests {
         let mut exposed = s.clone();
         exposed.net.ws = "0.0.0.0:8088".into();
         for bad in [proxied, exposed] {
-            let e = bad.validate().err().expect("refused").to_string();
+            let Err(e) = bad.validate() else {
+                panic!("refused")
+            };
+            let e = e.to_string();
             assert!(e.contains("net.dev_loopback_transport"), "{e}");
         }
     }
