@@ -320,7 +320,7 @@ impl ClientConnection {
         let usable = |t: &ResumeTicket| {
             t.expire_at_ms > unix_ms
                 && !t.session_id.is_empty()
-                && matches!(t.secret, SessionSecret::Transport { .. }) == transport
+                && t.secret.is_transport() == transport
         };
         #[cfg(not(feature = "classic"))]
         if !transport {
@@ -681,13 +681,11 @@ impl ClientConnection {
             SessionSecret::Legacy { .. } => None,
             SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => {
                 Some(v2::ResumeProof {
-                    capabilities: Some(offered(
-                        if matches!(ticket.secret, SessionSecret::Transport { .. }) {
-                            v2::Capabilities::transport()
-                        } else {
-                            v2::Capabilities::v2()
-                        },
-                    )),
+                    capabilities: Some(offered(if ticket.secret.is_transport() {
+                        v2::Capabilities::transport()
+                    } else {
+                        v2::Capabilities::v2()
+                    })),
                     client_nonce: client_nonce.to_vec(),
                     proof: resume_proof(
                         resume_key,
@@ -894,7 +892,7 @@ impl ClientConnection {
                 SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
                 Some(accept),
             ) => {
-                let transport = matches!(ticket.secret, SessionSecret::Transport { .. });
+                let transport = ticket.secret.is_transport();
                 let want = resume_accept_proof(resume_key, client_nonce, &accept.server_nonce);
                 if !verify_mac(&want, &accept.proof) {
                     return Err(ProtocolError::State(
@@ -912,11 +910,7 @@ impl ClientConnection {
                     next = Some(ResumeTicket {
                         session_id: accept.next_session_id.clone(),
                         expire_at_ms: accept.next_expire_at_ms,
-                        secret: if transport {
-                            SessionSecret::Transport { resume_key }
-                        } else {
-                            SessionSecret::V2 { resume_key }
-                        },
+                        secret: SessionSecret::resumable(resume_key, transport),
                     });
                 }
                 let cipher = if transport {

@@ -524,7 +524,7 @@ impl ServerConnection {
             .as_ref()
             .and_then(|p| p.capabilities.as_ref())
             .is_some_and(v2::Capabilities::has_transport);
-        let is_transport = matches!(record.secret, SessionSecret::Transport { .. });
+        let is_transport = record.secret.is_transport();
         if wants_transport != is_transport
             || (is_transport && !(self.transport_secured() && self.config.accept_transport))
         {
@@ -574,15 +574,7 @@ impl ServerConnection {
                 next = Some(SessionRecord {
                     session_id: next_id.clone(),
                     device: record.device.clone(),
-                    secret: if is_transport {
-                        SessionSecret::Transport {
-                            resume_key: next_key,
-                        }
-                    } else {
-                        SessionSecret::V2 {
-                            resume_key: next_key,
-                        }
-                    },
+                    secret: SessionSecret::resumable(next_key, is_transport),
                     expire_at_ms: next_expire,
                 });
                 let accept = v2::ResumeAccept {
@@ -917,21 +909,12 @@ impl ServerConnection {
             self.refuse_handshake(request, "no handshake in this state");
             return Ok(());
         };
-        let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
-        let session_id = hex_id(&id_raw);
-        let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
-        let echo = if v2 {
-            self.honour_features(hs.capabilities.as_ref())
-        } else {
-            0
-        };
-        let ok = HandshakeOk {
-            server_key: server_key.to_vec(),
-            heartbeat: duration_ms(heartbeat),
-            session_id: session_id.clone(),
-            expire_time: expire_at_ms,
-            capabilities: v2.then(|| v2::Capabilities::v2().with_features(echo)),
-        };
+        let capabilities = v2.then(|| {
+            let echo = self.honour_features(hs.capabilities.as_ref());
+            v2::Capabilities::v2().with_features(echo)
+        });
+        let (heartbeat, ok) =
+            self.session_offer(&hs, &id_raw, server_key.to_vec(), capabilities, now);
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
         let client_key = AesKey(client_key);
         let reply_cipher = SessionCipher::cbc(&client_key, iv);
@@ -960,13 +943,35 @@ impl ServerConnection {
             )
         };
         let session = SessionRecord {
-            session_id,
+            session_id: ok.session_id,
             device,
             secret,
-            expire_at_ms,
+            expire_at_ms: ok.expire_time,
         };
         self.handshake_established(Some(cipher), profile, heartbeat, session, now);
         Ok(())
+    }
+
+    /// A new session's terms: the heartbeat negotiated with `hs`, and the
+    /// HANDSHAKE_OK that announces them (the session id made of `id_raw`,
+    /// its expiry, `server_key` and `capabilities`).
+    fn session_offer(
+        &self,
+        hs: &Handshake,
+        id_raw: &[u8; 16],
+        server_key: Vec<u8>,
+        capabilities: Option<v2::Capabilities>,
+        now: Instant,
+    ) -> (Duration, HandshakeOk) {
+        let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
+        let ok = HandshakeOk {
+            server_key,
+            heartbeat: duration_ms(heartbeat),
+            session_id: hex_id(id_raw),
+            expire_time: self.unix_ms(now) + duration_ms_i64(self.config.session_ttl),
+            capabilities,
+        };
+        (heartbeat, ok)
     }
 
     /// Applies the client's `features` bits that change how this side sends
@@ -1035,26 +1040,18 @@ impl ServerConnection {
             self.refuse_handshake(request, "no handshake in this state");
             return Ok(());
         };
-        let heartbeat = self.negotiate_heartbeat(hs.max_heartbeat);
-        let session_id = hex_id(&id_raw);
-        let expire_at_ms = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
         let echo = self.honour_features(hs.capabilities.as_ref());
-        let ok = HandshakeOk {
-            server_key: key.to_vec(),
-            heartbeat: duration_ms(heartbeat),
-            session_id: session_id.clone(),
-            expire_time: expire_at_ms,
-            capabilities: Some(v2::Capabilities::transport().with_features(echo)),
-        };
+        let capabilities = Some(v2::Capabilities::transport().with_features(echo));
+        let (heartbeat, ok) = self.session_offer(&hs, &id_raw, key.to_vec(), capabilities, now);
         self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
         self.transport = Transport::Profile;
         let session = SessionRecord {
-            session_id,
+            session_id: ok.session_id,
             device,
             secret: SessionSecret::Transport {
                 resume_key: crate::crypto::ResumeKey(key),
             },
-            expire_at_ms,
+            expire_at_ms: ok.expire_time,
         };
         self.handshake_established(None, Profile::V2, heartbeat, session, now);
         Ok(())

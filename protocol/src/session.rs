@@ -149,6 +149,22 @@ pub enum SessionSecret {
     Transport { resume_key: ResumeKey },
 }
 
+impl SessionSecret {
+    /// A v2 session's secret: on the transport-secured profile or not.
+    pub fn resumable(resume_key: ResumeKey, transport: bool) -> Self {
+        if transport {
+            Self::Transport { resume_key }
+        } else {
+            Self::V2 { resume_key }
+        }
+    }
+
+    /// A session of the transport-secured profile (ADR 0005).
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Self::Transport { .. })
+    }
+}
+
 /// What the server stores under a session id so a client can fast-connect.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct SessionRecord {
@@ -207,10 +223,10 @@ impl ResumeTicket {
             SessionSecret::Legacy { .. } => self.to_token_dat().unwrap_or_default(),
             SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => format!(
                 "{},{},{},{}",
-                if matches!(self.secret, SessionSecret::V2 { .. }) {
-                    "v2"
-                } else {
+                if self.secret.is_transport() {
                     "vt"
+                } else {
+                    "v2"
                 },
                 self.session_id,
                 self.expire_at_ms,
@@ -246,11 +262,7 @@ impl ResumeTicket {
         Some(Self {
             session_id: (*sid).to_owned(),
             expire_at_ms: exp.parse().ok()?,
-            secret: if transport {
-                SessionSecret::Transport { resume_key }
-            } else {
-                SessionSecret::V2 { resume_key }
-            },
+            secret: SessionSecret::resumable(resume_key, transport),
         })
     }
 

@@ -92,7 +92,7 @@ impl SessionStore for RedisSessions {
             SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => json!({
                 // "t": a transport-secured session (ADR 0005), resumed only over TLS.
                 "v": 2,
-                "t": matches!(r.secret, SessionSecret::Transport { .. }),
+                "t": r.secret.is_transport(),
                 "deviceId": r.device.device_id,
                 "osName": r.device.os_name,
                 "osVersion": r.device.os_version,
@@ -172,15 +172,7 @@ fn parse_session(
                 os_version: s("osVersion"),
                 client_version: s("clientVersion"),
             },
-            secret: if v["t"].as_bool() == Some(true) {
-                SessionSecret::Transport {
-                    resume_key: ResumeKey(key),
-                }
-            } else {
-                SessionSecret::V2 {
-                    resume_key: ResumeKey(key),
-                }
-            },
+            secret: SessionSecret::resumable(ResumeKey(key), v["t"].as_bool() == Some(true)),
             expire_at_ms,
         })
     }
