@@ -84,7 +84,7 @@ impl<K: PartialEq, V> SmallMap<K, V> {
     }
 
     /// Every entry, in insertion order, leaving the map empty.
-    pub fn drain(&mut self) -> impl Iterator<Item = (K, V)> + '_ {
+    pub fn drain(&mut self) -> impl DoubleEndedIterator<Item = (K, V)> + '_ {
         self.entries.drain(..)
     }
 }

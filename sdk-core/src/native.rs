@@ -454,6 +454,22 @@ async fn poll_opt<T>(f: &mut Option<Pending<T>>) -> Result<T, String> {
     }
 }
 
+/// A command's request id waits for its `Settled` (or fails the caller now).
+fn wait_for(
+    waiters: &mut std::collections::HashMap<u64, Reply>,
+    request: Result<u64, SessionError>,
+    tx: Reply,
+) {
+    match request {
+        Ok(r) => {
+            waiters.insert(r, tx);
+        }
+        Err(e) => {
+            let _ = tx.send(Err(e));
+        }
+    }
+}
+
 /// Closes a connection in the background (a close handshake must not hold
 /// up the session), bounded in time.
 fn close_later(c: Conn) {
@@ -593,22 +609,13 @@ async fn run(
             c = cmds.recv() => {
                 let now = Instant::now();
                 match c {
-                    Some(Cmd::Bind(u, t, k, tx)) => match session.bind(&u, &t, &k, now) {
-                        Ok(r) => { waiters.insert(r, tx); }
-                        Err(e) => { let _ = tx.send(Err(e)); }
-                    },
-                    Some(Cmd::Unbind(tx)) => match session.unbind(now) {
-                        Ok(r) => { waiters.insert(r, tx); }
-                        Err(e) => { let _ = tx.send(Err(e)); }
-                    },
+                    Some(Cmd::Bind(u, t, k, tx)) => wait_for(&mut waiters, session.bind(&u, &t, &k, now), tx),
+                    Some(Cmd::Unbind(tx)) => wait_for(&mut waiters, session.unbind(now), tx),
                     Some(Cmd::Ack(id, tx)) => {
                         let r = session.ack(id, now);
                         if let Some(tx) = tx { let _ = tx.send(r); }
                     }
-                    Some(Cmd::Push(b, m, tx)) => match session.push(&b, m, now) {
-                        Ok(r) => { waiters.insert(r, tx); }
-                        Err(e) => { let _ = tx.send(Err(e)); }
-                    },
+                    Some(Cmd::Push(b, m, tx)) => wait_for(&mut waiters, session.push(&b, m, now), tx),
                     Some(Cmd::Network(true)) => session.network_available(now),
                     Some(Cmd::Network(false)) => session.network_lost(),
                     Some(Cmd::Foreground(true)) => session.foreground(now),

@@ -830,10 +830,15 @@ impl Session {
             .push_back(SessionEvent::Settled { request, result });
     }
 
-    fn fail_binds(&mut self, why: &str) {
+    /// Settles every open bind with `result`.
+    fn settle_binds(&mut self, result: Result<(), SessionError>) {
         for r in std::mem::take(&mut self.binds) {
-            self.settle(r, Err(SessionError::BindFailed(why.to_owned())));
+            self.settle(r, result.clone());
         }
+    }
+
+    fn fail_binds(&mut self, why: &str) {
+        self.settle_binds(Err(SessionError::BindFailed(why.to_owned())));
     }
 
     fn set_state(&mut self, state: SessionState) {
@@ -952,8 +957,7 @@ impl Session {
         self.acks.retain(|_, (_, t)| t.message_id.is_some());
         // Up-pushes not answered yet go first on the next connection, in
         // the order they were made, with their message ids.
-        let unanswered: Vec<UpPush> = self.requests.drain().map(|(_, p)| p).collect();
-        for p in unanswered.into_iter().rev() {
+        for (_, p) in self.requests.drain().rev() {
             self.outbound.push_front(Outbound::Push(p));
         }
         self.link = Link::Stopped;
@@ -1042,9 +1046,7 @@ impl Session {
             }
             ClientEvent::BindOk { user_id } => {
                 if self.user.as_ref().is_some_and(|(u, ..)| *u == user_id) {
-                    for r in std::mem::take(&mut self.binds) {
-                        self.settle(r, Ok(()));
-                    }
+                    self.settle_binds(Ok(()));
                 }
                 self.events.push_back(SessionEvent::BindResult {
                     user_id,
