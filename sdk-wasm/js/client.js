@@ -31,7 +31,7 @@ const get = (o, key) => (o !== null && typeof o === "object" ? o[key] ?? undefin
 /** A readable text for a thrown value. */
 const describe = (e) => (e instanceof Error ? e.message : String(e));
 
-/** Runs the function or returns `undefined` for a missing one. */
+/** Whether `f` can be called. */
 const isFn = (f) => typeof f === "function";
 
 /** One WebSocket and its four handlers, detached and closed together. */

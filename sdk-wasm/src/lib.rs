@@ -305,44 +305,33 @@ impl Core {
         }
         loop {
             let item = match s.poll_event()? {
+                // ["state", name, address, resumed, v2, reason, retryInMs];
+                // what the state does not carry is undefined.
                 SessionEvent::StateChanged(state) => {
-                    let name = string(state.name());
+                    let mut item = vec![JsValue::UNDEFINED; 7];
+                    item[0] = string("state");
+                    item[1] = string(state.name());
                     match state {
-                        SessionState::Connecting { address } => {
-                            vec![string("state"), name, string(address)]
-                        }
+                        SessionState::Connecting { address } => item[2] = string(address),
                         SessionState::Connected {
                             address,
                             resumed,
                             v2,
-                        } => vec![
-                            string("state"),
-                            name,
-                            string(address),
-                            resumed.into(),
-                            v2.into(),
-                        ],
+                        } => {
+                            item[2] = string(address);
+                            item[3] = resumed.into();
+                            item[4] = v2.into();
+                        }
                         SessionState::Disconnected {
                             reason,
                             retry_in_ms,
-                        } => vec![
-                            string("state"),
-                            name,
-                            JsValue::UNDEFINED,
-                            JsValue::UNDEFINED,
-                            JsValue::UNDEFINED,
-                            string(reason),
-                            number(retry_in_ms),
-                        ],
-                        SessionState::Stopped { reason } => vec![
-                            string("state"),
-                            name,
-                            JsValue::UNDEFINED,
-                            JsValue::UNDEFINED,
-                            JsValue::UNDEFINED,
-                            string(reason),
-                        ],
+                        } => {
+                            item[5] = string(reason);
+                            item[6] = number(retry_in_ms);
+                        }
+                        SessionState::Stopped { reason } => item[5] = string(reason),
                     }
+                    item
                 }
                 SessionEvent::Message(m) => vec![
                     string("message"),
