@@ -1212,3 +1212,43 @@ fn offered(caps: v2::Capabilities) -> v2::Capabilities {
         caps.with_features(v2::FEATURE_PLAIN_BODIES)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disconnect's reason reaches apps as text (`SessionState::Disconnected`):
+    /// words and the server's code, not the enum's Debug form.
+    #[test]
+    fn close_reasons_read_as_words() {
+        let cases = [
+            (
+                ClientCloseReason::HeartbeatTimeout,
+                "nothing from the server within the heartbeat",
+            ),
+            (
+                ClientCloseReason::RequestTimeout(Command::BIND),
+                "the server did not answer BIND in time",
+            ),
+            (
+                ClientCloseReason::RequestTimeout(Command(99)),
+                "the server did not answer Command(99) in time",
+            ),
+            (
+                ClientCloseReason::ServerError {
+                    cmd: Command::BIND,
+                    code: ErrorCode::RETRY_LATER,
+                    reason: "busy".into(),
+                },
+                "the server answered BIND with error 105: busy",
+            ),
+            (
+                ClientCloseReason::Protocol(ProtocolError::State("x")),
+                "protocol error: x",
+            ),
+        ];
+        for (reason, text) in cases {
+            assert_eq!(reason.to_string(), text);
+        }
+    }
+}
