@@ -798,6 +798,12 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let c2 = cpu_secs(pid);
     let (b2b_rate, _) = broadcast_n(&mut w, &http, &url, s, n, back_to_back).await?;
     let b2b_cpu = cpu_secs(pid) - c2;
+    // The same with a condition every client passes: what evaluating it
+    // once per connection adds to a delivery.
+    let cond_n = (back_to_back / 2).max(1);
+    let c2c = cpu_secs(pid);
+    broadcast_n_with(&mut w, &http, &url, s, n, cond_n, Some(BENCH_CONDITION)).await?;
+    let cond_cpu = cpu_secs(pid) - c2c;
     // One broadcast in flight at a time.
     let one = s.cpu_broadcasts / 2;
     let c3 = cpu_secs(pid);
@@ -894,6 +900,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
         "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
+        "broadcast_condition": {"broadcasts": cond_n, "condition": BENCH_CONDITION, "cpu_us_per_delivery": us(cond_cpu, cond_n * n)},
         "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": 30000, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n)},
         "idle_rss_kb": idle_rss,
         "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
@@ -909,9 +916,31 @@ async fn broadcast_n(
     n: usize,
     k: usize,
 ) -> Result<(f64, Value)> {
+    broadcast_n_with(w, http, url, s, n, k, None).await
+}
+
+/// A condition every load client passes (they bind as `u<n>` from
+/// "android"): comparisons and a regex over the client's fields.
+const BENCH_CONDITION: &str =
+    r#"osName == "android" && userId != "nobody" && str::regex_matches(userId, "^u")"#;
+
+/// `k` broadcasts back to back, each with `condition` when given.
+async fn broadcast_n_with(
+    w: &mut Workers,
+    http: &reqwest::Client,
+    url: &str,
+    s: &Sizes,
+    n: usize,
+    k: usize,
+    condition: Option<&str>,
+) -> Result<(f64, Value)> {
     let send = async {
         for _ in 0..k {
-            post(http, url, json!({"content": stamp(PAYLOAD)})).await?;
+            let mut body = json!({"content": stamp(PAYLOAD)});
+            if let Some(c) = condition {
+                body["condition"] = json!(c);
+            }
+            post(http, url, body).await?;
         }
         Ok(())
     };

@@ -256,6 +256,94 @@ async fn offline_messages_arrive_in_order_after_reconnect_and_leave_the_inbox_wh
     server.shutdown().await;
 }
 
+/// Chromium's user agent as mpush's web page sends it: `"web " + navigator.userAgent`.
+const WEB_OS_NAME: &str = "web Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36 Edg/131.0.0.0";
+
+/// Conditions as backends moving from Java mpush send them (mpush's own
+/// sources and docs) select the same connections as mpush's JavaScript
+/// engine did: a field the client did not send is null, a method of null
+/// selects nobody, a result that is not the boolean `true` selects nobody.
+#[tokio::test]
+async fn mpush_conditions_select_as_java_mpush_did() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    let mut clients = Vec::new();
+    // (user, OS name, tags, legacy mpush 0.8.1 profile?)
+    let who = [
+        ("a1", "android", "test,vip", true),
+        ("a2", "android", "", true),
+        ("i1", "ios", "vip", false),
+        ("w1", WEB_OS_NAME, "test", false),
+    ];
+    for (user, os, tags, legacy) in who {
+        let mut dev = device(user, os);
+        dev.os_version = if os == "ios" {
+            "17.4.1".into()
+        } else {
+            "14".into()
+        };
+        dev.client_version = if user == "a2" {
+            "1.0.0".into()
+        } else {
+            "2.3.1".into()
+        };
+        clients.push(bound(&server, Via::Tcp, !legacy, dev, user, tags).await);
+    }
+    let cases = [
+        // mpush-test's PushClientTestMain.
+        ("tags&&tags.indexOf('test')!=-1", vec!["a1", "w1"]),
+        (
+            r#"tags.indexOf("vip") >= 0 && osName == "android""#,
+            vec!["a1"],
+        ),
+        (
+            r#"osName == "android" || osName == "ios""#,
+            vec!["a1", "a2", "i1"],
+        ),
+        (
+            r#"osName.indexOf("web") == 0 && osName.indexOf("Chrome/") > 0"#,
+            vec!["w1"],
+        ),
+        (
+            "parseInt(osVersion) >= 14 && clientVersion != '1.0.0'",
+            vec!["a1", "i1", "w1"],
+        ),
+        (r#"/^(a|i)\d$/.test(userId) && !tags"#, vec!["a2"]),
+        // The server's earlier (evalexpr) syntax.
+        (
+            r#"osName == "android" && str::regex_matches(tags, "vip")"#,
+            vec!["a1"],
+        ),
+    ];
+    for (k, (cond, want)) in cases.iter().enumerate() {
+        let text = format!("cond-{k}");
+        let (st, r) = api
+            .post(
+                "/api/v1/broadcast",
+                json!({"content": text, "condition": cond}),
+            )
+            .await;
+        assert_eq!(st, 202, "{cond}: {r}");
+        for ((user, ..), c) in who.iter().zip(clients.iter_mut()) {
+            if want.contains(user) {
+                c.message(&text).await;
+            }
+        }
+    }
+    for ((user, ..), c) in who.iter().zip(clients.iter_mut()) {
+        c.settle(Duration::from_millis(300)).await;
+        let got: Vec<String> = c.messages();
+        let want: Vec<String> = cases
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, w))| w.contains(user))
+            .map(|(k, _)| format!("cond-{k}"))
+            .collect();
+        assert_eq!(got, want, "{user}");
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn broadcast_with_a_tag_filter_and_topic_push() {
     let server = start(settings()).await;
@@ -316,6 +404,20 @@ async fn broadcast_with_a_tag_filter_and_topic_push() {
         )
         .await;
     assert_eq!(st, 400, "a condition must be boolean");
+
+    let (st, r) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "x", "condition": "userId.repeat(100000).length > 0"}),
+        )
+        .await;
+    assert_eq!(st, 400, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("never make more than their input")),
+        "a refusal says why: {r}"
+    );
 
     for u in ["t1", "t3", "nobody-online"] {
         let (st, _) = api

@@ -434,30 +434,34 @@ impl Hub {
     ) -> usize {
         let max = self.cfg.settings.delivery.broadcast_max;
         let targets = if filter.condition.is_some() {
-            // A condition is evaluated once per connection: a legal but heavy
-            // one (a regex over 10k clients) runs on the blocking pool, not
-            // on the async workers that serve connections.
+            // A condition is evaluated once per connection, each within its
+            // budget: on the blocking pool, not on the async workers that
+            // serve connections.
             let (router, f) = (self.router.local_arc(), filter.clone());
             match tokio::task::spawn_blocking(move || {
-                let mut n = 0;
-                router.select(|u, h| {
-                    let keep = n < max && f.matches(u, h);
+                let (mut n, mut stats) = (0, super::filter::FilterStats::default());
+                let targets = router.select(|u, h| {
+                    let keep = n < max && f.matches(u, h, &mut stats);
                     n += usize::from(keep);
                     keep
-                })
+                });
+                (targets, stats)
             })
             .await
             {
-                Ok(t) => t,
+                Ok((t, stats)) => {
+                    stats.publish(&trace_id);
+                    t
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "broadcast filter failed");
                     return 0;
                 }
             }
         } else {
-            let mut n = 0;
+            let (mut n, mut stats) = (0, super::filter::FilterStats::default());
             self.router.local().select(|u, h| {
-                let keep = n < max && filter.matches(u, h);
+                let keep = n < max && filter.matches(u, h, &mut stats);
                 n += usize::from(keep);
                 keep
             })

@@ -1,84 +1,91 @@
-//! Broadcast filters: tags (any-substring match against the client's tags, as
-//! mpush) and a condition expression over the client's fields.
-//!
-//! Conditions use the `evalexpr` language, close to the JavaScript mpush
-//! accepted for simple cases: `osName == "android" && clientVersion != "1.0"`,
-//! `str::regex_matches(tags, "vip")` (evalexpr's regex support: the `regex` crate, linear
-//! time). Variables: `userId`, `tags`,
-//! `clientVersion`, `osName`, `osVersion`.
+//! Broadcast filters: the client type, tags (any listed tag as a substring
+//! of the client's tags, as mpush's `TagsCondition`) and a condition over
+//! the client's fields (`mpush-filter`: mpush's JavaScript forms, compiled
+//! once per broadcast, evaluated per connection within a fixed budget).
 
-use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
+use mpush_filter::{Condition, EvalError, Fields, Resource};
 
 use crate::route::ConnHandle;
 
-/// Longest condition accepted, and deepest nesting (parentheses, plus runs
-/// of prefix operators): the parser and evaluator recurse, and a condition
-/// from a caller or another node must not be able to exhaust a stack.
-pub const MAX_CONDITION_LEN: usize = 1024;
-pub const MAX_CONDITION_DEPTH: usize = 16;
-
-/// Checks a condition's size and nesting before it is parsed.
-pub fn check_condition(c: &str) -> Result<(), String> {
-    if c.len() > MAX_CONDITION_LEN {
-        return Err(format!(
-            "condition is {} bytes; at most {MAX_CONDITION_LEN}",
-            c.len()
-        ));
-    }
-    let (mut depth, mut max, mut run) = (0usize, 0usize, 0usize);
-    for ch in c.chars() {
-        match ch {
-            '(' => {
-                depth += 1;
-                run = 0;
-            }
-            ')' => {
-                depth = depth.saturating_sub(1);
-                run = 0;
-            }
-            '!' | '-' => run += 1,
-            ch if ch.is_whitespace() => {}
-            _ => run = 0,
-        }
-        max = max.max(depth + run);
-    }
-    if max > MAX_CONDITION_DEPTH {
-        return Err(format!(
-            "condition nests {max} deep; at most {MAX_CONDITION_DEPTH}"
-        ));
-    }
-    Ok(())
-}
+/// Tags one broadcast may list, and the longest: each is searched for in
+/// every connection's tags.
+pub const MAX_FILTER_TAGS: usize = 64;
+pub const MAX_FILTER_TAG_LEN: usize = 128;
 
 #[derive(Debug)]
 pub struct Filter {
     pub tags: Vec<String>,
-    pub condition: Option<Node>,
+    pub condition: Option<Condition>,
     pub client_type: Option<i32>,
 }
 
+/// What evaluating a broadcast's condition came to, over its connections.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FilterStats {
+    pub evaluated: u64,
+    /// A method of a field the client did not send, and the like: "not
+    /// selected", as in mpush.
+    pub type_errors: u64,
+    /// Stopped by the per-connection budget.
+    pub over_work: u64,
+    pub over_memory: u64,
+}
+
+impl FilterStats {
+    /// Counts them (`mpush_broadcast_condition_*`) and reports budget stops.
+    pub fn publish(&self, trace_id: &str) {
+        if self.evaluated == 0 {
+            return;
+        }
+        metrics::counter!("mpush_broadcast_condition_evaluations_total").increment(self.evaluated);
+        for (kind, n) in [
+            ("type", self.type_errors),
+            ("work", self.over_work),
+            ("memory", self.over_memory),
+        ] {
+            if n > 0 {
+                metrics::counter!("mpush_broadcast_condition_errors_total", "kind" => kind)
+                    .increment(n);
+            }
+        }
+        if self.over_work + self.over_memory > 0 {
+            tracing::warn!(
+                trace = trace_id,
+                over_work = self.over_work,
+                over_memory = self.over_memory,
+                evaluated = self.evaluated,
+                "broadcast condition over its budget for some connections (not selected)"
+            );
+        }
+    }
+}
+
 impl Filter {
-    /// Parses the condition once and tries it on empty fields: a syntax error
-    /// or a non-boolean result is the caller's 400.
+    /// Compiles the condition once (never evaluates it): a syntax error,
+    /// an unknown name, a result that can never be a boolean or a limit
+    /// exceeded is the caller's 400, with what to write instead.
     pub fn new(
         tags: Vec<String>,
         condition: Option<&str>,
         client_type: Option<i32>,
     ) -> Result<Self, String> {
+        if tags.len() > MAX_FILTER_TAGS {
+            return Err(format!(
+                "tags lists {} tags; at most {MAX_FILTER_TAGS}",
+                tags.len()
+            ));
+        }
+        if let Some(t) = tags
+            .iter()
+            .find(|t| t.is_empty() || t.len() > MAX_FILTER_TAG_LEN)
+        {
+            return Err(format!(
+                "each tag is 1 to {MAX_FILTER_TAG_LEN} bytes (`{}`)",
+                t.chars().take(40).collect::<String>()
+            ));
+        }
         let condition = match condition.filter(|c| !c.trim().is_empty()) {
-            Some(c) => {
-                check_condition(c)?;
-                let node =
-                    evalexpr::build_operator_tree(c).map_err(|e| format!("condition: {e}"))?;
-                match node.eval_with_context(&context("", "", "", "", "")) {
-                    Ok(Value::Boolean(_)) => {}
-                    Ok(other) => {
-                        return Err(format!("condition must be true or false, not `{other}`"));
-                    }
-                    Err(e) => return Err(format!("condition: {e}")),
-                }
-                Some(node)
-            }
+            Some(c) => Some(Condition::compile(c).map_err(|e| format!("condition: {e}"))?),
             None => None,
         };
         Ok(Self {
@@ -88,7 +95,7 @@ impl Filter {
         })
     }
 
-    pub fn matches(&self, user_id: &str, conn: &ConnHandle) -> bool {
+    pub fn matches(&self, user_id: &str, conn: &ConnHandle, stats: &mut FilterStats) -> bool {
         let info = &conn.info;
         if self.client_type.is_some_and(|ct| ct != info.client_type) {
             return false;
@@ -103,38 +110,26 @@ impl Filter {
         let Some(cond) = &self.condition else {
             return true;
         };
-        matches!(
-            cond.eval_with_context(&context(
-                user_id,
-                &tags,
-                info.client_version(),
-                info.os_name(),
-                info.os_version(),
-            )),
-            Ok(Value::Boolean(true))
-        )
+        stats.evaluated += 1;
+        let fields = Fields {
+            user_id,
+            tags: &tags,
+            client_version: info.client_version(),
+            os_name: info.os_name(),
+            os_version: info.os_version(),
+        };
+        match cond.eval(&fields) {
+            Ok(selected) => selected,
+            Err(e) => {
+                match e {
+                    EvalError::Budget(Resource::Work) => stats.over_work += 1,
+                    EvalError::Budget(Resource::Memory) => stats.over_memory += 1,
+                    _ => stats.type_errors += 1,
+                }
+                false
+            }
+        }
     }
-}
-
-fn context(
-    user_id: &str,
-    tags: &str,
-    client_version: &str,
-    os_name: &str,
-    os_version: &str,
-) -> HashMapContext {
-    let mut ctx = HashMapContext::new();
-    for (k, v) in [
-        ("userId", user_id),
-        ("tags", tags),
-        ("clientVersion", client_version),
-        ("osName", os_name),
-        ("osVersion", os_version),
-    ] {
-        // Setting a string variable cannot fail.
-        let _ = ctx.set_value(k.into(), Value::String(v.into()));
-    }
-    ctx
 }
 
 #[cfg(test)]
@@ -142,40 +137,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_documented_regex_condition_works() {
-        let f = Filter::new(
-            vec![],
-            Some(r#"osName == "android" && str::regex_matches(tags, "vip")"#),
-            None,
-        )
-        .expect("the README's example parses");
-        let cond = f.condition.expect("a condition");
-        let eval = |tags: &str, os: &str| {
-            cond.eval_with_context(&context("u", tags, "1.0", os, "14"))
-                .expect("evaluates")
-        };
-        assert_eq!(eval("beta,vip", "android"), Value::Boolean(true));
-        assert_eq!(eval("beta", "android"), Value::Boolean(false));
-        assert_eq!(eval("vip", "ios"), Value::Boolean(false));
+    fn tags_are_bounded_in_count_and_length() {
+        assert!(Filter::new(vec!["t".into(); 65], None, None).is_err());
+        assert!(Filter::new(vec!["x".repeat(129)], None, None).is_err());
+        assert!(Filter::new(vec![String::new()], None, None).is_err());
+        assert!(Filter::new(vec!["vip".into(); 64], None, None).is_ok());
     }
 
     #[test]
-    fn deep_and_long_conditions_are_refused_before_parsing() {
-        let deep = format!("{}true{}", "(".repeat(200_000), ")".repeat(200_000));
-        assert!(Filter::new(vec![], Some(&deep), None).is_err());
-        let nested = format!("{}true{}", "(".repeat(17), ")".repeat(17));
-        assert!(Filter::new(vec![], Some(&nested), None).is_err());
-        let nots = format!("{}true", "!".repeat(40));
-        assert!(Filter::new(vec![], Some(&nots), None).is_err());
-        let ok = format!("{}true{}", "(".repeat(8), ")".repeat(8));
-        assert!(Filter::new(vec![], Some(&ok), None).is_ok());
-        assert!(
-            Filter::new(
-                vec![],
-                Some(r#"osName == "android" && !(tags == "x")"#),
-                None
-            )
-            .is_ok()
-        );
+    fn conditions_are_compiled_not_tried() {
+        // A substring of a field: a trial run on empty fields would throw.
+        assert!(Filter::new(vec![], Some("userId.substring(0, 3) == 'vip'"), None).is_ok());
+        let e = Filter::new(vec![], Some("userId"), None).expect_err("not a boolean");
+        assert!(e.contains("never true or false"), "{e}");
+        let e = Filter::new(
+            vec![],
+            Some(r#"str::regex_replace(userId, "", userId) == """#),
+            None,
+        )
+        .expect_err("can grow");
+        assert!(e.contains("grow"), "{e}");
     }
 }
