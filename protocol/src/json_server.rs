@@ -282,7 +282,7 @@ impl JsonServerConnection {
     }
 
     fn on_handshake(&mut self, p: &JsonPacket) {
-        let device = DeviceInfo {
+        let mut device = DeviceInfo {
             device_id: p.str_field("deviceId"),
             os_name: p.str_field("osName"),
             os_version: p.str_field("osVersion"),
@@ -326,8 +326,8 @@ impl JsonServerConnection {
             return self.close_with(CloseReason::Refused("bind before handshake".into()));
         }
         let user_id = p.str_field("userId");
-        let (tags, token) = (p.str_field("tags"), p.str_field("data"));
-        if crate::session::limits::check_bind(&user_id, &tags, &token).is_err() {
+        let (mut tags, token) = (p.str_field("tags"), p.str_field("data"));
+        if crate::session::limits::check_bind(&user_id, &mut tags).is_err() {
             self.out
                 .push_back(json::error(p.cmd, p.session_id, 0, "invalid param").to_text());
             return self.close_with(CloseReason::Refused("bind field too long".into()));

@@ -1136,8 +1136,8 @@ impl ServerConnection {
             return Ok(());
         }
         let body = self.open(p)?;
-        let b = BindUser::from_bytes(&body)?;
-        if let Err(field) = crate::session::limits::check_bind(&b.user_id, &b.tags, &b.data) {
+        let mut b = BindUser::from_bytes(&body)?;
+        if let Err(field) = crate::session::limits::check_bind(&b.user_id, &mut b.tags) {
             self.reply_error(
                 ErrorMessage::with_reason(p.cmd, ErrorCode::NONE, "invalid param"),
                 p.session_id,
@@ -1324,7 +1324,7 @@ pub use crate::session::duration_ms;
 
 /// The device a handshake names, checked; `Err` says why it is refused.
 fn handshake_device(hs: &mut Handshake) -> Result<DeviceInfo, &'static str> {
-    let device = DeviceInfo {
+    let mut device = DeviceInfo {
         device_id: std::mem::take(&mut hs.device_id),
         os_name: std::mem::take(&mut hs.os_name),
         os_version: std::mem::take(&mut hs.os_version),

@@ -62,36 +62,63 @@ impl AckMode {
     }
 }
 
-/// Lengths (bytes) a server accepts for what a client says about itself and
-/// what it binds: enough for every real client, small enough that a session
-/// or a route entry costs a bounded amount of memory.
+/// Lengths (bytes) a server keeps of what a client says about itself and
+/// what it binds. They are set from what real clients send (browser user
+/// agents, Android and iOS device and OS strings, mpush 0.8.1's web page,
+/// which sends `"web " + navigator.userAgent` as its OS name), and chosen per
+/// field between refusing and truncating, so that no client mpush 0.8.1
+/// accepted is refused for a field's length:
+///
+/// - identity fields (device id, user id) are refused over their cap, which
+///   is several times the longest real scheme (an FCM token is ~160 bytes,
+///   an e-mail address at most 254): cutting one would merge two devices or
+///   users;
+/// - descriptive fields (OS name and version, client version) are cut to
+///   their cap at a character boundary, never refused;
+/// - tags are cut at the last comma that fits, so whole tags are kept;
+/// - the bind token is not capped here: it is only held while the bind is
+///   checked, the packet size bounds it, and a server that checks tokens
+///   refuses one longer than any token it issues.
 pub mod limits {
-    pub const DEVICE_ID: usize = 128;
-    pub const OS_NAME: usize = 64;
-    pub const OS_VERSION: usize = 64;
-    pub const CLIENT_VERSION: usize = 64;
-    pub const USER_ID: usize = 128;
-    pub const TAGS: usize = 1024;
-    /// The bind token (`data`): room for a JWT with a few claims.
-    pub const BIND_TOKEN: usize = 4096;
+    pub const DEVICE_ID: usize = 512;
+    pub const USER_ID: usize = 512;
+    pub const OS_NAME: usize = 512;
+    pub const OS_VERSION: usize = 256;
+    pub const CLIENT_VERSION: usize = 256;
+    pub const TAGS: usize = 4096;
 
     /// A fast-connect session id (ours are 32 hex characters).
     pub const SESSION_ID: usize = 64;
 
-    /// Checks a BIND's fields; the error names the field that is too long.
-    pub fn check_bind(user_id: &str, tags: &str, token: &str) -> Result<(), &'static str> {
-        check(&[
-            (user_id, USER_ID, "userId"),
-            (tags, TAGS, "tags"),
-            (token, BIND_TOKEN, "data"),
-        ])
+    /// Checks a BIND's user id and cuts its tags to [`TAGS`]; the error
+    /// names the field that is refused.
+    pub fn check_bind(user_id: &str, tags: &mut String) -> Result<(), &'static str> {
+        if user_id.len() > USER_ID {
+            return Err("userId");
+        }
+        cut_tags(tags);
+        Ok(())
     }
 
-    /// The name of the first `(value, max, name)` whose value is too long.
-    pub(crate) fn check(fields: &[(&str, usize, &'static str)]) -> Result<(), &'static str> {
-        match fields.iter().find(|(v, max, _)| v.len() > *max) {
-            Some((_, _, name)) => Err(name),
-            None => Ok(()),
+    /// Cuts `s` to at most `max` bytes at a character boundary.
+    pub fn cut(s: &mut String, max: usize) {
+        if s.len() > max {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+        }
+    }
+
+    /// Cuts tags to [`TAGS`] bytes, at the last comma that fits when there
+    /// is one (a tag is never cut in half).
+    pub fn cut_tags(tags: &mut String) {
+        if tags.len() > TAGS {
+            cut(tags, TAGS);
+            if let Some(i) = tags.rfind(',') {
+                tags.truncate(i);
+            }
         }
     }
 }
@@ -106,18 +133,16 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// Checks the lengths against [`limits`]; the error names the field.
-    pub fn check_limits(&self) -> Result<(), &'static str> {
-        limits::check(&[
-            (&self.device_id, limits::DEVICE_ID, "deviceId"),
-            (&self.os_name, limits::OS_NAME, "osName"),
-            (&self.os_version, limits::OS_VERSION, "osVersion"),
-            (
-                &self.client_version,
-                limits::CLIENT_VERSION,
-                "clientVersion",
-            ),
-        ])
+    /// Applies [`limits`]: a device id over its cap is refused (the error
+    /// names it); the descriptive fields are cut to theirs.
+    pub fn check_limits(&mut self) -> Result<(), &'static str> {
+        if self.device_id.len() > limits::DEVICE_ID {
+            return Err("deviceId");
+        }
+        limits::cut(&mut self.os_name, limits::OS_NAME);
+        limits::cut(&mut self.os_version, limits::OS_VERSION);
+        limits::cut(&mut self.client_version, limits::CLIENT_VERSION);
+        Ok(())
     }
 
     /// mpush's client type from the OS name: 1 mobile, 2 pc, 3 web, -1 unknown.

@@ -12,7 +12,7 @@ use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
 use mpush_protocol::server::{
     CloseReason, OutboundPush, ServerConfig, ServerConnection, ServerEvent,
 };
-use mpush_protocol::session::{AckMode, DeviceInfo, Profile};
+use mpush_protocol::session::{AckMode, DeviceInfo, Profile, limits};
 use mpush_protocol::testing::{LinkFaults, Pair, default_key, test_device};
 use mpush_protocol::{Instant, ProtocolError};
 
@@ -144,44 +144,74 @@ fn an_oversized_rsa_handshake_is_refused_before_any_rsa_work() {
     assert!(s.is_closed());
 }
 
+/// A plaintext handshake of `device` into a fresh server: the device the
+/// server kept, or `None` when it refused.
+fn handshake_with(device: DeviceInfo) -> Option<DeviceInfo> {
+    let (mut s, now) = server_with(|_| {});
+    let hs = Handshake {
+        device_id: device.device_id,
+        os_name: device.os_name,
+        os_version: device.os_version,
+        client_version: device.client_version,
+        iv: vec![1; 16],
+        client_key: vec![2; 16],
+        ..Default::default()
+    };
+    let p = Frame::Packet(Packet::new(
+        Command::HANDSHAKE,
+        1,
+        Flags::NONE,
+        hs.to_bytes(),
+    ));
+    s.handle_input(&p.to_bytes(), now);
+    let (_, events) = drain(&mut s);
+    let kept = events.into_iter().find_map(|e| match e {
+        ServerEvent::HandshakeCompleted { device, .. } => Some(device),
+        _ => None,
+    });
+    assert_eq!(kept.is_none(), s.is_closed());
+    kept
+}
+
 #[test]
-fn oversized_device_fields_are_refused() {
-    for device in [
-        DeviceInfo {
-            device_id: "d".repeat(9000),
-            ..test_device()
-        },
-        DeviceInfo {
-            os_version: "v".repeat(200),
-            ..test_device()
-        },
-    ] {
-        let (mut s, now) = server_with(|_| {});
-        let hs = Handshake {
-            device_id: device.device_id,
-            os_name: device.os_name,
-            os_version: device.os_version,
-            client_version: device.client_version,
-            iv: vec![1; 16],
-            client_key: vec![2; 16],
-            ..Default::default()
-        };
-        let p = Frame::Packet(Packet::new(
-            Command::HANDSHAKE,
-            1,
-            Flags::NONE,
-            hs.to_bytes(),
-        ));
-        s.handle_input(&p.to_bytes(), now);
-        let (_, events) = drain(&mut s);
-        assert!(
-            !events
-                .iter()
-                .any(|e| matches!(e, ServerEvent::HandshakeCompleted { .. })),
-            "no session is created"
-        );
-        assert!(s.is_closed());
-    }
+fn an_oversized_device_id_is_refused() {
+    let d = DeviceInfo {
+        device_id: "d".repeat(9000),
+        ..test_device()
+    };
+    assert_eq!(handshake_with(d), None, "no session is created");
+}
+
+/// What real clients send is kept whole; longer descriptions are cut, never
+/// refused (mpush 0.8.1 accepted any length).
+#[test]
+fn device_descriptions_are_cut_never_refused() {
+    // mpush's web page: "web " + navigator.userAgent (Chrome on Android, with
+    // an in-app browser's suffix: one of the longer real agents).
+    let ua = "web Mozilla/5.0 (Linux; Android 14; SM-S918B Build/UP1A.231005.007; wv) AppleWebKit/537.36 (KHTML, like Gecko) Version/4.0 Chrome/131.0.6778.39 Mobile Safari/537.36 [FB_IAB/FB4A;FBAV/489.0.0.66.81;IABMV/1;]";
+    let kept = handshake_with(DeviceInfo {
+        device_id: "3f2504e0-4f89-11d3-9a0c-0305e82c3301".into(),
+        os_name: ua.into(),
+        os_version: "Android 14 (SDK 34; samsung SM-S918B; UP1A.231005.007.S918BXXS3BXA1)".into(),
+        client_version: "2.14.0-beta.3+build.20241105.abcdef0".into(),
+    })
+    .expect("a real device's handshake is accepted");
+    assert_eq!(kept.os_name, ua);
+    let kept = handshake_with(DeviceInfo {
+        os_name: "ΐ".repeat(1000),
+        os_version: "v".repeat(2000),
+        client_version: "c".repeat(2000),
+        ..test_device()
+    })
+    .expect("long descriptions (within mpush's 10 KiB packet) are cut, not refused");
+    assert_eq!(
+        (
+            kept.os_name.len(),
+            kept.os_version.len(),
+            kept.client_version.len()
+        ),
+        (limits::OS_NAME, limits::OS_VERSION, limits::CLIENT_VERSION)
+    );
 }
 
 #[test]
