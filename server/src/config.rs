@@ -46,6 +46,12 @@ pub struct Net {
     /// the API and the WebSocket gateway see the client's address (for the
     /// loopback-only API, per-IP limits and logs) and the original scheme.
     pub trusted_proxies: Vec<String>,
+    /// The header those proxies set: `x-forwarded-for` (with
+    /// `X-Forwarded-Proto`; nginx, HAProxy, Envoy, Traefik, cloud load
+    /// balancers) or `forwarded` (RFC 7239). Only that one is read: the
+    /// other could be the client's own. A hop that is not a clean address
+    /// makes the caller an unknown remote one (fail closed).
+    pub forwarded_header: String,
     /// Development only: plain `ws://` connections from a loopback peer
     /// count as secure for the transport-secured profile (ADR 0005), so the
     /// browser's `mpush-sdk` module, which has no RSA or AES, can reach a
@@ -68,6 +74,7 @@ impl Default for Net {
             public_ws_url: String::new(),
             demo_dir: "demo-web".into(),
             trusted_proxies: Vec::new(),
+            forwarded_header: "x-forwarded-for".into(),
             dev_loopback_transport: false,
         }
     }
@@ -105,6 +112,10 @@ pub struct Security {
     /// Required `iss` / `aud` claims, when set.
     pub jwt_issuer: String,
     pub jwt_audience: String,
+    /// A bind token (JWT or mpush-style) that expires further away than
+    /// this many seconds is refused, so a leaked token cannot be one that
+    /// lives for years. 0 (the default): no limit.
+    pub max_bind_token_lifetime_secs: u64,
     /// Opt-in: accept unauthenticated binds (mpush's behaviour: anyone can
     /// bind as any user and read that user's offline inbox) on listeners
     /// reachable from other hosts. Loopback listeners always may.
@@ -517,74 +528,7 @@ pub struct Validated {
     pub proxies: Arc<TrustedProxies>,
 }
 
-/// The reverse proxies whose forwarding headers are believed.
-#[derive(Debug, Clone, Default)]
-pub struct TrustedProxies(Vec<ipnet::IpNet>);
-
-/// What a request or an upgrade came through: the client's address and
-/// whether the client's own connection was TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Forwarded {
-    pub client: std::net::IpAddr,
-    /// `X-Forwarded-Proto: https | wss` from a trusted proxy.
-    pub secure: bool,
-}
-
-impl TrustedProxies {
-    pub fn parse(list: &[String]) -> Result<Self, String> {
-        list.iter()
-            .map(|p| {
-                p.parse::<ipnet::IpNet>()
-                    .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| format!("`{p}` is not an IP address or CIDR"))
-            })
-            .collect::<Result<_, _>>()
-            .map(Self)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
-        self.0.iter().any(|n| n.contains(&ip))
-    }
-
-    /// The client behind `peer`: when `peer` is a trusted proxy, the
-    /// rightmost address of `X-Forwarded-For` that is not a trusted proxy
-    /// itself (what a client puts further left cannot be believed), and the
-    /// proxy's `X-Forwarded-Proto`. Otherwise `peer` itself.
-    pub fn resolve(
-        &self,
-        peer: std::net::IpAddr,
-        forwarded_for: Option<&str>,
-        proto: Option<&str>,
-    ) -> Forwarded {
-        if !self.trusts(peer) {
-            return Forwarded {
-                client: peer,
-                secure: false,
-            };
-        }
-        let mut client = peer;
-        if let Some(xff) = forwarded_for {
-            for hop in xff.rsplit(',').map(str::trim) {
-                let Ok(ip) = hop.parse::<std::net::IpAddr>() else {
-                    break;
-                };
-                client = ip;
-                if !self.trusts(ip) {
-                    break;
-                }
-            }
-        }
-        let secure = proto.is_some_and(|p| {
-            let p = p.split(',').next().unwrap_or("").trim();
-            p.eq_ignore_ascii_case("https") || p.eq_ignore_ascii_case("wss")
-        });
-        Forwarded { client, secure }
-    }
-}
+pub use crate::forwarded::{Forwarded, TrustedProxies};
 
 impl Settings {
     /// Loads defaults, then `file` (if any), then the environment.
@@ -837,8 +781,12 @@ impl Settings {
         }
         let tls = validate_tls(&self.tls)?;
         let proxies = Arc::new(
-            TrustedProxies::parse(&self.net.trusted_proxies)
-                .map_err(|e| invalid("net.trusted_proxies", e))?,
+            TrustedProxies::parse(
+                &self.net.trusted_proxies,
+                crate::forwarded::ForwardedHeader::parse(&self.net.forwarded_header)
+                    .map_err(|e| invalid("net.forwarded_header", e))?,
+            )
+            .map_err(|e| invalid("net.trusted_proxies", e))?,
         );
         Ok(Validated {
             settings: self,
@@ -1049,26 +997,6 @@ mod tests {
             let e = e.to_string();
             assert!(e.contains("net.dev_loopback_transport"), "{e}");
         }
-    }
-
-    #[test]
-    fn forwarded_headers_are_believed_from_trusted_proxies_only() {
-        let t = TrustedProxies::parse(&["10.0.0.0/8".into(), "127.0.0.1".into()]).expect("parses");
-        let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
-        // A stranger's headers are ignored.
-        let f = t.resolve(ip("203.0.113.9"), Some("1.2.3.4"), Some("https"));
-        assert_eq!((f.client, f.secure), (ip("203.0.113.9"), false));
-        // Through a trusted proxy: the rightmost untrusted hop; what the
-        // client wrote further left is not believed.
-        let f = t.resolve(
-            ip("10.1.2.3"),
-            Some("6.6.6.6, 198.51.100.7, 10.9.9.9"),
-            Some("https"),
-        );
-        assert_eq!((f.client, f.secure), (ip("198.51.100.7"), true));
-        let f = t.resolve(ip("127.0.0.1"), None, Some("http"));
-        assert_eq!((f.client, f.secure), (ip("127.0.0.1"), false));
-        assert!(TrustedProxies::parse(&["nonsense".into()]).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod forwarded;
 pub mod gateway;
 mod json_u64;
 pub mod logic;

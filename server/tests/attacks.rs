@@ -549,6 +549,112 @@ async fn forwarded_addresses_are_believed_from_trusted_proxies_only() {
     server.shutdown().await;
 }
 
+/// A stranger behind the local trusted proxy writes forwarding headers the
+/// proxy passes on: with no API tokens, none of them makes the caller
+/// loopback. Every form is answered 401.
+#[tokio::test]
+async fn malformed_forwarding_headers_never_make_a_caller_loopback() {
+    let http = reqwest::Client::new();
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            "x-forwarded-for",
+            &[
+                "203.0.113.5:4711",
+                "[2001:db8::1]",
+                "[2001:db8::1]:4711",
+                "unknown",
+                "",
+                ",",
+                "127.0.0.1, junk",
+                "203.0.113.5, 127.0.0.1:80",
+                "localhost",
+                "_hidden",
+                "2130706433",
+            ],
+            "x-forwarded-for",
+        ),
+        (
+            "x-forwarded-proto",
+            &["", "https,", "gopher"],
+            "x-forwarded-for",
+        ),
+        (
+            "forwarded",
+            &[
+                "for=unknown",
+                "for=_hidden",
+                "for=[::1]",
+                "for=\"[::1]:99999\"",
+                "proto=https",
+                "for=127.0.0.1;secret=1",
+                "",
+            ],
+            "forwarded",
+        ),
+    ];
+    for (name, values, mode) in cases {
+        let mut s = settings();
+        s.net.trusted_proxies = vec!["127.0.0.1".into()];
+        s.net.forwarded_header = mode.into();
+        let server = start(s).await;
+        let url = format!("http://{}/api/v1/users/nobody", server.http);
+        for v in values {
+            let mut r = http.get(&url).header(name, *v);
+            if name == "x-forwarded-proto" {
+                r = r.header("x-forwarded-for", "127.0.0.1");
+            }
+            let st = r.send().await.expect("answers").status().as_u16();
+            assert_eq!(st, 401, "{name}: {v:?}");
+        }
+        // The header the server is not told to read is ignored, even when
+        // it names loopback: that one could be the client's own.
+        let other = if mode == "forwarded" {
+            "x-forwarded-for"
+        } else {
+            "forwarded"
+        };
+        let other_value = if mode == "forwarded" {
+            "127.0.0.1"
+        } else {
+            "for=127.0.0.1"
+        };
+        let (mine, mine_value) = if mode == "forwarded" {
+            ("forwarded", "for=203.0.113.5")
+        } else {
+            ("x-forwarded-for", "203.0.113.5")
+        };
+        let st = http
+            .get(&url)
+            .header(other, other_value)
+            .header(mine, mine_value)
+            .send()
+            .await
+            .expect("answers")
+            .status()
+            .as_u16();
+        assert_eq!(st, 401, "{other} is not read in {mode} mode");
+        // Two header lines are one list: the proxy's line (the last) counts.
+        let st = http
+            .get(&url)
+            .header(
+                mine,
+                if mode == "forwarded" {
+                    "for=127.0.0.1"
+                } else {
+                    "127.0.0.1"
+                },
+            )
+            .header(mine, mine_value)
+            .send()
+            .await
+            .expect("answers")
+            .status()
+            .as_u16();
+        assert_eq!(st, 401, "two {mine} lines");
+        server.shutdown().await;
+    }
+}
+
 /// ADR 0005: the plaintext (transport-secured) handshake over a plain
 /// WebSocket, with `X-Forwarded-Proto: wss`. Believed from a trusted proxy
 /// (the connection is up), ignored from anyone else (refused, no session):

@@ -101,16 +101,15 @@ async fn connection<S>(
     let svc = app.map_request(move |mut req: axum::extract::Request<_>| {
         // The client's address: the peer, or (from a trusted proxy) the one
         // it forwarded for; `Forwarded` also says if the client used TLS.
-        let header = |k: &str| req.headers().get(k).and_then(|v| v.to_str().ok());
         let f = proxies.resolve(
             peer.ip(),
-            header("x-forwarded-for"),
-            header("x-forwarded-proto"),
+            &crate::forwarded::ForwardingHeaders::from_headers(req.headers()),
         );
-        let client = if f.client == peer.ip() {
+        // An unknown client (malformed forwarding) is `[::]:0`: never loopback.
+        let client = if f.client == crate::forwarded::ClientIp::Known(peer.ip().to_canonical()) {
             peer
         } else {
-            SocketAddr::new(f.client, 0)
+            SocketAddr::new(f.ip(), 0)
         };
         req.extensions_mut().insert(ConnectInfo(client));
         req.extensions_mut().insert(f);

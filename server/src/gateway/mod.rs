@@ -229,15 +229,9 @@ where
         .max_message_size(Some(l.max_packet_size + 64))
         .max_frame_size(Some(l.max_packet_size + 64));
     // The upgrade's forwarding headers (believed from trusted proxies only).
-    let mut seen: (Option<String>, Option<String>) = (None, None);
+    let mut seen = crate::forwarded::ForwardingHeaders::default();
     let callback = |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
-        let h = |k: &str| {
-            req.headers()
-                .get(k)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        seen = (h("x-forwarded-for"), h("x-forwarded-proto"));
+        seen = crate::forwarded::ForwardingHeaders::from_headers(req.headers());
         Ok(resp)
     };
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config));
@@ -260,13 +254,10 @@ where
         // Trusted proxies are configured: the client's address, and whether
         // its own connection was TLS, come from them.
         None => {
-            let f = gw
-                .hub
-                .cfg()
-                .proxies
-                .resolve(peer.ip(), seen.0.as_deref(), seen.1.as_deref());
-            let s = admit(gw, f.client)?;
-            Some((ws, SocketAddr::new(f.client, 0), s, f.secure))
+            let f = gw.hub.cfg().proxies.resolve(peer.ip(), &seen);
+            // An unknown client (malformed forwarding) counts as `::`.
+            let s = admit(gw, f.ip())?;
+            Some((ws, SocketAddr::new(f.ip(), 0), s, f.secure))
         }
     }
 }
