@@ -46,7 +46,14 @@ struct Jwt {
 pub struct BindAuth {
     hmac_secret: String,
     jwt: Option<Jwt>,
+    /// `security.max_bind_token_lifetime_secs`: a token that expires
+    /// further away than this is refused (None: no limit).
+    max_lifetime: Option<u64>,
 }
+
+/// The longest bind token a server that checks tokens reads: far above any
+/// JWT it issues (an RS256 token with a few claims is under 1 KiB).
+pub const MAX_TOKEN_LEN: usize = 8192;
 
 impl std::fmt::Debug for BindAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -112,6 +119,8 @@ impl BindAuth {
         Ok(Self {
             hmac_secret: s.bind_secret.clone(),
             jwt,
+            max_lifetime: (s.max_bind_token_lifetime_secs > 0)
+                .then_some(s.max_bind_token_lifetime_secs),
         })
     }
 
@@ -125,6 +134,9 @@ impl BindAuth {
         if self.is_anonymous() {
             return Ok(Grant::default());
         }
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(format!("bind token is longer than {MAX_TOKEN_LEN} bytes"));
+        }
         let looks_jwt = token.bytes().filter(|b| *b == b'.').count() == 2;
         match (&self.jwt, looks_jwt) {
             (Some(j), true) => {
@@ -137,13 +149,34 @@ impl BindAuth {
                 if c.client_type.is_some_and(|ct| ct != client_type) {
                     return Err("bind token is for another client type".into());
                 }
+                self.check_lifetime(i64::try_from(c.exp).unwrap_or(i64::MAX))?;
                 Ok(Grant { tags: c.tags })
             }
             _ if !self.hmac_secret.is_empty() => {
-                check_hmac_token(&self.hmac_secret, user_id, token).map(|()| Grant::default())
+                let exp = check_hmac_token(&self.hmac_secret, user_id, token)?;
+                self.check_lifetime(exp)?;
+                Ok(Grant::default())
             }
             _ => Err("bind token missing or malformed".into()),
         }
+    }
+}
+
+impl BindAuth {
+    /// A token expiring at `exp` (Unix seconds) lives no longer than
+    /// `max_bind_token_lifetime_secs` from now (with the JWT leeway).
+    fn check_lifetime(&self, exp: i64) -> Result<(), String> {
+        let Some(max) = self.max_lifetime else {
+            return Ok(());
+        };
+        let now = unix_ms() / 1000;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        if exp.saturating_sub(now) > max.saturating_add(30) {
+            return Err(format!(
+                "bind token expires in more than {max} s (security.max_bind_token_lifetime_secs)"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -186,8 +219,9 @@ pub enum MintKey {
     EcPem(String),
 }
 
-/// mpush-style bind tokens: `<unix expiry seconds>.<hex HMAC-SHA256(secret, userId "." expiry)>`.
-pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<(), String> {
+/// mpush-style bind tokens: `<unix expiry seconds>.<hex HMAC-SHA256(secret, userId "." expiry)>`;
+/// the expiry of a valid one.
+pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<i64, String> {
     let (exp, _) = token
         .split_once('.')
         .ok_or("bind token missing or malformed")?;
@@ -199,7 +233,7 @@ pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<(), 
     }
     let want = sign_bind_token(secret, user_id, exp);
     if mpush_protocol::crypto::verify_mac(want.as_bytes(), token.as_bytes()) {
-        Ok(())
+        Ok(exp)
     } else {
         Err("bind token does not match the user".into())
     }
@@ -278,6 +312,42 @@ mod tests {
             base64_url(&format!(r#"{{"sub":"ann","exp":{}}}"#, claims.exp + 1000))
         );
         assert!(a.check("ann", 1, &none).is_err(), "alg none");
+    }
+
+    #[test]
+    fn a_maximum_lifetime_refuses_longer_tokens() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let a = auth(|s| {
+            s.jwt_secret = secret.into();
+            s.max_bind_token_lifetime_secs = 3600;
+        });
+        let key = MintKey::Secret(secret.into());
+        let hour = mint_jwt(&key, "ann", 3600, None, None).expect("minted");
+        assert!(a.check("ann", 1, &hour).is_ok());
+        let year = mint_jwt(&key, "ann", 365 * 86_400, None, None).expect("minted");
+        let e = a.check("ann", 1, &year).expect_err("too long-lived");
+        assert!(e.contains("max_bind_token_lifetime_secs"), "{e}");
+        let h = auth(|s| {
+            s.bind_secret = "s3cret".into();
+            s.max_bind_token_lifetime_secs = 60;
+        });
+        let now = unix_ms() / 1000;
+        assert!(
+            h.check("u1", 1, &sign_bind_token("s3cret", "u1", now + 60))
+                .is_ok()
+        );
+        assert!(
+            h.check("u1", 1, &sign_bind_token("s3cret", "u1", now + 86_400))
+                .is_err()
+        );
+        // Off by default.
+        let open = auth(|s| s.jwt_secret = secret.into());
+        assert!(open.check("ann", 1, &year).is_ok());
+        // A token longer than any real one is not parsed.
+        let e = a
+            .check("ann", 1, &"x.y.".repeat(4000))
+            .expect_err("too long");
+        assert!(e.contains("longer than"), "{e}");
     }
 
     fn base64_url(s: &str) -> String {

@@ -142,7 +142,13 @@ async fn main() -> anyhow::Result<()> {
             alg,
         }) => {
             let key = mint_key(&settings, key.as_deref(), &alg)?;
-            let t = mpush_server::auth::mint_jwt(&key, &user, parse_ttl(&ttl)?, client_type, tags)
+            let ttl = parse_ttl(&ttl)?;
+            let max = settings.security.max_bind_token_lifetime_secs;
+            anyhow::ensure!(
+                max == 0 || ttl <= max,
+                "--ttl {ttl}s: the server refuses tokens that live longer than {max}s (security.max_bind_token_lifetime_secs)"
+            );
+            let t = mpush_server::auth::mint_jwt(&key, &user, ttl, client_type, tags)
                 .map_err(|e| anyhow::anyhow!("minting: {e}"))?;
             println!("{t}");
             return Ok(());
