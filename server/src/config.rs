@@ -518,7 +518,8 @@ pub struct Validated {
     pub ws: Option<SocketAddr>,
     pub http: SocketAddr,
     pub private_key: Arc<RsaPrivate>,
-    /// True when the key is mpush's public default.
+    /// True when the key is mpush's published default (left unset, or
+    /// pasted in: recognised by value).
     pub default_key: bool,
     /// Who may bind as whom.
     pub bind_auth: Arc<crate::auth::BindAuth>,
@@ -547,27 +548,13 @@ impl Settings {
         fig.extract().map_err(|e| ConfigError::Load(Box::new(e)))
     }
 
-    /// A copy fit to print: every secret replaced by `"***"` (a Redis URL
-    /// keeps everything but its password).
+    /// A copy fit to print: every secret setting replaced by `"***"` and
+    /// every URL's credentials masked (`redact`: by name and by shape, so
+    /// a setting added later is covered too).
     pub fn masked(&self) -> Self {
-        let hide = |v: &mut String| {
-            if !v.is_empty() {
-                *v = "***".into();
-            }
-        };
-        let mut s = self.clone();
-        hide(&mut s.security.private_key);
-        hide(&mut s.security.bind_secret);
-        hide(&mut s.security.jwt_secret);
-        s.security.api_tokens.iter_mut().for_each(hide);
-        hide(&mut s.cluster.secret);
-        s.cluster.redis = mask_url_password(&s.cluster.redis);
-        s.sinks
-            .webhooks
-            .iter_mut()
-            .for_each(|w| hide(&mut w.secret));
-        hide(&mut s.sinks.callback_secret);
-        s
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        crate::redact::mask_settings(&mut v);
+        serde_json::from_value(v).unwrap_or_default()
     }
 
     /// The effective settings as TOML, secrets masked (`config print`).
@@ -711,8 +698,8 @@ impl Settings {
             ));
         }
         let s = &self.security;
-        let (text, default_key) = if !s.private_key.is_empty() {
-            (s.private_key.clone(), false)
+        let (text, pasted) = if !s.private_key.is_empty() {
+            (s.private_key.clone(), Some("security.private_key"))
         } else if !s.private_key_file.is_empty() {
             let t = std::fs::read_to_string(&s.private_key_file).map_err(|e| {
                 invalid(
@@ -720,15 +707,18 @@ impl Settings {
                     format!("{}: {e}", s.private_key_file),
                 )
             })?;
-            (t, false)
+            (t, Some("security.private_key_file"))
         } else {
             (
                 mpush_protocol::crypto::MPUSH_DEFAULT_PRIVATE_KEY.to_owned(),
-                true,
+                None,
             )
         };
         let private_key = RsaPrivate::from_text(&text)
             .map_err(|e| invalid("security.private_key", e.to_string()))?;
+        // By value: mpush's published key pasted in (in any format) is as
+        // public as the one left unset.
+        let default_key = private_key.is_mpush_published();
         let bind_auth = crate::auth::BindAuth::new(s).map_err(|e| invalid("security.jwt", e))?;
         if !c.redis.is_empty() && !c.secret.is_empty() && c.secret.len() < 32 {
             return Err(invalid(
@@ -750,9 +740,17 @@ impl Settings {
         let gateways_exposed = exposed(&tcp) || ws.as_ref().is_some_and(exposed);
         let mut missing = Vec::new();
         if gateways_exposed && default_key && !s.allow_published_key {
-            missing.push(
-                "security.private_key (make one with `mpush-server keygen`), or security.allow_published_key = true to keep mpush's published key",
-            );
+            missing.push(match pasted {
+                Some("security.private_key") => {
+                    "a key of your own in security.private_key: the one given is mpush's published key, which anyone can decrypt handshakes with (make one with `mpush-server keygen`), or security.allow_published_key = true to keep it"
+                }
+                Some(_) => {
+                    "a key of your own in security.private_key_file: the file holds mpush's published key, which anyone can decrypt handshakes with (make one with `mpush-server keygen`), or security.allow_published_key = true to keep it"
+                }
+                None => {
+                    "security.private_key (make one with `mpush-server keygen`), or security.allow_published_key = true to keep mpush's published key"
+                }
+            });
         }
         if gateways_exposed && bind_auth.is_anonymous() && !s.anonymous_bind {
             missing.push(
@@ -829,19 +827,9 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
         .map_err(|e| invalid("tls.cert_file", e))
 }
 
-/// `scheme://user:password@host...` → `scheme://user:***@host...`.
+/// A URL fit to print or log (see [`crate::redact::mask_url`]).
 pub fn mask_url_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
-    };
-    let (auth, host) = rest.split_at(at);
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{host}"),
-        None => url.to_owned(),
-    }
+    crate::redact::mask_url(url)
 }
 
 fn validate_sinks(s: &Sinks, clustered: bool) -> Result<(), ConfigError> {
@@ -960,6 +948,57 @@ mod tests {
         assert!(s.clone().validate().is_err(), "a short secret");
         s.cluster.secret = "x".repeat(32);
         assert!(s.validate().is_ok());
+    }
+
+    /// A team moving from mpush pastes its old key file in: it is the
+    /// published key, and an exposed listener refuses it as if unset.
+    #[test]
+    fn the_published_key_pasted_in_is_refused_on_exposed_listeners() {
+        let exposed = |f: &dyn Fn(&mut Settings)| {
+            let mut s = Settings::default();
+            s.net.tcp = "0.0.0.0:3000".into();
+            s.security.anonymous_bind = true;
+            f(&mut s);
+            s.validate()
+        };
+        let pem = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../protocol/testdata/mpush-default-rsa-private-pkcs8.pem"
+        ))
+        .expect("the published key's PEM");
+        let dir = std::env::temp_dir().join(format!("mpush-published-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("old-mpush-key.pem");
+        std::fs::write(&file, &pem).expect("written");
+        for (how, set) in [
+            (
+                "security.private_key",
+                Box::new(|s: &mut Settings| {
+                    s.security.private_key =
+                        mpush_protocol::crypto::MPUSH_DEFAULT_PRIVATE_KEY.into()
+                }) as Box<dyn Fn(&mut Settings)>,
+            ),
+            (
+                "security.private_key",
+                Box::new(|s: &mut Settings| s.security.private_key = pem.clone()),
+            ),
+            (
+                "security.private_key_file",
+                Box::new(|s: &mut Settings| {
+                    s.security.private_key_file = file.display().to_string()
+                }),
+            ),
+        ] {
+            let e = exposed(&*set).expect_err("refused").to_string();
+            assert!(e.contains(how) && e.contains("published key"), "{e}");
+            let ok = exposed(&|s| {
+                set(s);
+                s.security.allow_published_key = true;
+            })
+            .expect("with the named opt-in");
+            assert!(ok.default_key, "and the warning is printed");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

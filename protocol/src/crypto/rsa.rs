@@ -54,9 +54,21 @@ impl RsaPrivate {
         Self::from_text(MPUSH_DEFAULT_PRIVATE_KEY).expect("mpush default key loads")
     }
 
-    /// Loads a PKCS#8 private key from PEM or bare base64 text.
+    /// Loads a private key from PEM or bare base64 text: PKCS#8 (what mpush
+    /// and `mpush-server keygen` write) or PKCS#1 (`BEGIN RSA PRIVATE KEY`,
+    /// what `openssl rsa` converts to).
     pub fn from_text(text: &str) -> Result<Self, CryptoError> {
-        Self::from_pkcs8_der(&der_from_text(text)?)
+        let der = der_from_text(text)?;
+        match Self::from_pkcs8_der(&der) {
+            Ok(k) => Ok(k),
+            Err(pkcs8) => {
+                use rsa::pkcs8::der::Decode;
+                match rsa::pkcs1::RsaPrivateKeyRef::from_der(&der) {
+                    Ok(pk) => Self::from_pkcs1(&pk),
+                    Err(_) => Err(pkcs8),
+                }
+            }
+        }
     }
 
     /// Loads a PKCS#8 private key. Besides standard keys this accepts mpush's
@@ -68,6 +80,10 @@ impl RsaPrivate {
             .map_err(|e| CryptoError::Key(format!("not PKCS#8: {e}")))?;
         let pk = rsa::pkcs1::RsaPrivateKeyRef::from_der(info.private_key.as_bytes())
             .map_err(|e| CryptoError::Key(format!("not an RSA key: {e}")))?;
+        Self::from_pkcs1(&pk)
+    }
+
+    fn from_pkcs1(pk: &rsa::pkcs1::RsaPrivateKeyRef<'_>) -> Result<Self, CryptoError> {
         let n_bytes = pk.modulus.as_bytes();
         let bits = u32::try_from(n_bytes.len() * 8)
             .map_err(|_| CryptoError::Key("modulus too large".into()))?;
@@ -117,6 +133,13 @@ impl RsaPrivate {
         // 16 bytes is far below HKDF's output limit.
         hk.expand(label, &mut out).expect("HKDF length");
         super::AesKey(out)
+    }
+
+    /// Whether this is mpush's published default key (by its modulus, in
+    /// whatever format it was loaded): anyone can decrypt handshakes made
+    /// with it.
+    pub fn is_mpush_published(&self) -> bool {
+        self.public().is_mpush_published()
     }
 
     /// The key's public half.
@@ -177,6 +200,11 @@ impl RsaPublic {
         self.key.size()
     }
 
+    /// Whether this is mpush's published default key (by its modulus).
+    pub fn is_mpush_published(&self) -> bool {
+        self.key.n() == Self::mpush_default().key.n()
+    }
+
     /// X.509 SubjectPublicKeyInfo DER: base64 of it is what mpush clients embed.
     pub fn to_spki_der(&self) -> Result<Vec<u8>, CryptoError> {
         use rsa::pkcs8::EncodePublicKey;
@@ -215,6 +243,43 @@ mod tests {
         assert_eq!(private.size(), 128);
         let public = RsaPublic::mpush_default();
         assert_eq!(private.public().key, public.key);
+    }
+
+    /// mpush's published key is recognised by value, in each format a team
+    /// moving from mpush may paste it in: mpush's own stripped PKCS#8, a
+    /// full PKCS#8 PEM, and PKCS#1 as `openssl rsa` writes it.
+    #[test]
+    fn the_published_key_is_recognised_in_any_format() {
+        use rsa::pkcs1::EncodeRsaPrivateKey;
+        use rsa::pkcs8::EncodePrivateKey;
+        let stripped = RsaPrivate::from_text(MPUSH_DEFAULT_PRIVATE_KEY).expect("loads");
+        assert!(stripped.is_mpush_published());
+        let pkcs8 = stripped
+            .key
+            .to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)
+            .expect("pem");
+        let pkcs1 = stripped
+            .key
+            .to_pkcs1_pem(rsa::pkcs1::LineEnding::LF)
+            .expect("pem");
+        assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+        for text in [
+            pkcs8.as_str(),
+            pkcs1.as_str(),
+            &format!("\n  {MPUSH_DEFAULT_PRIVATE_KEY}  \n"),
+        ] {
+            let k = RsaPrivate::from_text(text).expect("loads");
+            assert!(k.is_mpush_published());
+        }
+        assert!(
+            RsaPublic::from_text(MPUSH_DEFAULT_PUBLIC_KEY)
+                .expect("loads")
+                .is_mpush_published()
+        );
+        let mut rng = Rng::seed_from_u64(7);
+        let (own, _) = RsaPrivate::generate(&mut rng, 1024).expect("generates");
+        assert!(!own.is_mpush_published());
+        assert!(!own.public().is_mpush_published());
     }
 
     #[test]

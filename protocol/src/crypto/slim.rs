@@ -19,6 +19,11 @@ impl RsaPublic {
         Self(())
     }
 
+    /// No key is used in this build, the published one neither.
+    pub fn is_mpush_published(&self) -> bool {
+        false
+    }
+
     /// A key cannot be used in this build: an error that says so.
     pub fn from_text(_: &str) -> Result<Self, CryptoError> {
         Err(CryptoError::Key(WHY.into()))
