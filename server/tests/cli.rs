@@ -195,3 +195,153 @@ fn log_format_json_writes_one_object_per_line() {
         assert!(v["timestamp"].is_string(), "{l}");
     }
 }
+
+/// Credentials in every URL setting and every secret setting, and mpush's
+/// published key pasted in: `config print`, the start-up output and the
+/// logs of a running server (debug level, text and JSON, with failing
+/// webhook and callback deliveries that name their URLs) show none of
+/// them, and the published key is warned about.
+#[test]
+fn no_credential_is_printed_or_logged() {
+    use std::io::Read as _;
+    let dir = std::env::temp_dir().join(format!("mpush-leak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A port nothing listens on: every delivery fails and is logged.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let secrets = [
+        "HOOKPASS-1f2e",
+        "QUERYKEY-9a8b",
+        "CBTOKEN-7c6d",
+        "HOOKSECRET-0123456789",
+        "CALLBACKSECRET-0123456789",
+        "APITOKEN-0123456789abcdef",
+        "JWTSECRET-0123456789abcdef0123456789",
+        "FRAGTOKEN-5e4f",
+    ];
+    let config = format!(
+        r#"
+[net]
+tcp = "127.0.0.1:0"
+ws = ""
+http = "127.0.0.1:0"
+demo_dir = ""
+
+[security]
+private_key = """{key}"""
+api_tokens = ["{api}"]
+jwt_secret = "{jwt}"
+
+[[sinks.webhooks]]
+url = "http://hookuser:{pass}@127.0.0.1:{closed}/hook?team=a&api_key={query}"
+secret = "{hook}"
+events = ["callback"]
+mode = "async"
+max_backoff_ms = 200
+
+[sinks]
+callback_urls = ["http://127.0.0.1:{closed}/cb?token={cb}#access_token={frag}"]
+callback_secret = "{cbs}"
+"#,
+        key = pem(
+            "PRIVATE KEY",
+            mpush_protocol::crypto::MPUSH_DEFAULT_PRIVATE_KEY
+        ),
+        api = secrets[5],
+        jwt = secrets[6],
+        pass = secrets[0],
+        query = secrets[1],
+        hook = secrets[3],
+        cb = secrets[2],
+        frag = secrets[7],
+        cbs = secrets[4],
+    );
+    let file = dir.join("leaky.toml");
+    std::fs::write(&file, config).expect("written");
+    let leaks = |what: &str, text: &str| {
+        for s in secrets {
+            assert!(!text.contains(s), "{what} shows {s}:\n{text}");
+        }
+    };
+
+    let (ok, printed, stderr) = out(bin().arg("--config").arg(&file).args(["config", "print"]));
+    assert!(ok, "{stderr}");
+    leaks("config print", &printed);
+    assert!(printed.contains("hookuser:***@"), "{printed}");
+
+    for format in ["text", "json"] {
+        let mut child = bin()
+            .arg("--config")
+            .arg(&file)
+            .args(["--log-format", format])
+            .env("RUST_LOG", "debug")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starts");
+        let mut stdout = child.stdout.take().expect("stdout");
+        // The banner names the API's port.
+        let mut banner = Vec::new();
+        let mut byte = [0u8; 1];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let api = loop {
+            assert!(std::time::Instant::now() < deadline, "no banner");
+            if stdout.read(&mut byte).expect("reads") == 0 {
+                panic!("exited: {}", String::from_utf8_lossy(&banner));
+            }
+            banner.push(byte[0]);
+            let text = String::from_utf8_lossy(&banner);
+            if let Some(line) = text
+                .lines()
+                .find(|l| l.contains("HTTP API") && text.ends_with('\n'))
+            {
+                let url = line
+                    .split_whitespace()
+                    .find(|w| w.starts_with("http://"))
+                    .expect("url");
+                break url.trim_end_matches('/').to_owned();
+            }
+        };
+        let http = reqwest::blocking::Client::new();
+        for body in [
+            serde_json::json!({"userId": "nobody", "content": "x", "callback": true}),
+            serde_json::json!({"userId": "nobody", "content": "y", "callbackUrl":
+                format!("http://127.0.0.1:{closed}/cb?token={}#access_token={}", secrets[2], secrets[7])}),
+        ] {
+            let r = http
+                .post(format!("{api}/api/v1/push"))
+                .bearer_auth(secrets[5])
+                .json(&body)
+                .send()
+                .expect("answers");
+            assert!(r.status().is_success(), "{}", r.text().unwrap_or_default());
+        }
+        // Deliveries fail, are retried and logged for a while.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).ok();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .ok();
+        let all = format!("{}{rest}\n{err}", String::from_utf8_lossy(&banner));
+        leaks(&format!("the {format} log"), &all);
+        assert!(
+            all.contains("PUBLISHED RSA KEY"),
+            "the pasted published key is warned about:\n{all}"
+        );
+        assert!(
+            all.contains(&format!("127.0.0.1:{closed}")),
+            "the failing deliveries were logged (with their URLs masked):\n{all}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -228,7 +228,7 @@ impl Sinks {
         let (stop_tx, stop) = watch::channel(());
         let mut queues = Vec::new();
         for (i, w) in cfg.webhooks.iter().enumerate() {
-            tracing::info!(sink = i, url = %w.url, mode = ?w.mode, events = ?w.events, "webhook sink");
+            tracing::info!(sink = i, url = %crate::redact::mask_url(&w.url), mode = ?w.mode, events = ?w.events, "webhook sink");
             let far = Arc::new(webhook::Webhook::new(&w.url, &w.secret, w.timeout_ms));
             queues.push(Queue::start(
                 format!("webhook{i}"),

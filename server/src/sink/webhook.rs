@@ -28,6 +28,8 @@ pub fn sign(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
 
 pub struct Webhook {
     url: String,
+    /// The URL as errors and logs show it (credentials masked).
+    shown: String,
     secret: Vec<u8>,
     client: reqwest::Client,
 }
@@ -44,6 +46,7 @@ impl Webhook {
             .expect("a client with rustls");
         Self {
             url: url.to_owned(),
+            shown: crate::redact::mask_url(url),
             secret: secret.as_bytes().to_vec(),
             client,
         }
@@ -80,7 +83,8 @@ impl Deliver for Webhook {
             .body(body)
             .send()
             .await
-            .map_err(|e| format!("POST {}: {e}", self.url))?;
+            // reqwest's error text names the URL: without it, ours masked.
+            .map_err(|e| format!("POST {}: {}", self.shown, e.without_url()))?;
         let status = r.status();
         // Read a small answer so the connection can be reused; a large one
         // is not read (nor held): the connection is dropped instead.
@@ -95,7 +99,7 @@ impl Deliver for Webhook {
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!("POST {}: {status}", self.url))
+            Err(format!("POST {}: {status}", self.shown))
         }
     }
 }
