@@ -58,6 +58,11 @@ pub struct SessionConfig {
     /// only). If a server refuses it, the session goes back to the classic
     /// handshake for good. Off by default.
     pub transport_profile: bool,
+    /// Opt-in: use mpush's published RSA key (the default when no key is
+    /// given, and recognised by value when one is) on plain connections to
+    /// other hosts. Anyone can decrypt such a handshake; this is for apps
+    /// that must reach a server still using that key. Off by default.
+    pub allow_published_key: bool,
 }
 
 impl SessionConfig {
@@ -86,6 +91,7 @@ impl SessionConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             tls_pinned_cert_pem: None,
             transport_profile: false,
+            allow_published_key: false,
         }
     }
 
@@ -111,6 +117,25 @@ impl SessionConfig {
             && !(u.starts_with("http://") || u.starts_with("https://"))
         {
             return bad(format!("allocator_url: \"{u}\" is not an http(s):// URL"));
+        }
+        // mpush's published key (left as the default or given by value)
+        // protects nothing on a plain connection to another host.
+        if self.public_key.is_mpush_published() && !self.allow_published_key {
+            let exposed = self
+                .servers
+                .iter()
+                .find(|s| !is_tls_address(s) && !is_loopback_address(s))
+                .or(self
+                    .allocator_url
+                    .as_ref()
+                    .filter(|u| !is_loopback_address(u)));
+            if let Some(s) = exposed {
+                return bad(format!(
+                    "public_key: mpush's published key, which anyone can decrypt the handshake \
+                     with, for \"{s}\": give the server's own key (`mpush-server keygen` prints \
+                     it), or set allow_published_key to reach a server that still uses it"
+                ));
+            }
         }
         if self.device.device_id.is_empty() {
             return bad("device_id must not be empty".into());
@@ -150,10 +175,17 @@ pub fn is_tls_address(address: &str) -> bool {
 /// a development server, which may take the transport-secured profile over
 /// plain WebSocket when it says so (`net.dev_loopback_transport`, ADR 0005).
 pub fn is_loopback_ws(address: &str) -> bool {
-    let Some(rest) = address.strip_prefix("ws://") else {
-        return false;
-    };
+    address.starts_with("ws://") && is_loopback_address(address)
+}
+
+/// An address on this machine (`localhost`, 127.0.0.0/8, `[::1]`), in any
+/// form a server list or an allocator URL takes: `host:port`,
+/// `tls://host:port`, `ws://`, `wss://`, `http://`, `https://`.
+pub fn is_loopback_address(address: &str) -> bool {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // After any userinfo: `http://127.0.0.1@evil.example` is not loopback.
+    let authority = authority.rsplit('@').next().unwrap_or_default();
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
@@ -1198,6 +1230,69 @@ mod tests {
             "127.0.0.1:3000",
         ] {
             assert!(!is_loopback_ws(a), "{a}");
+        }
+    }
+
+    /// mpush's published key, left as the default or given by value, is
+    /// refused for plain connections to other hosts unless the app opts in.
+    #[cfg(feature = "classic")]
+    #[test]
+    fn the_published_key_needs_an_opt_in_for_other_hosts() {
+        let device = DeviceInfo {
+            device_id: "d1".into(),
+            ..DeviceInfo::default()
+        };
+        let config = |servers: &[&str], key: RsaPublic| {
+            SessionConfig::new(
+                servers.iter().map(|s| (*s).to_owned()).collect(),
+                Arc::new(key),
+                device.clone(),
+            )
+        };
+        let pasted =
+            RsaPublic::from_text(mpush_protocol::crypto::MPUSH_DEFAULT_PUBLIC_KEY).expect("loads");
+        for key in [RsaPublic::mpush_default(), pasted] {
+            for ok in [
+                &["127.0.0.1:3000"][..],
+                &["ws://localhost:8088/", "[::1]:3000"],
+                &["tls://push.example.com:3000", "wss://push.example.com/"],
+            ] {
+                assert!(config(ok, key.clone()).validate().is_ok(), "{ok:?}");
+            }
+            for bad in [
+                &["push.example.com:3000"][..],
+                &["127.0.0.1:3000", "ws://10.0.0.1:8088/"],
+            ] {
+                let e = config(bad, key.clone()).validate().expect_err("refused");
+                assert!(e.to_string().contains("allow_published_key"), "{e}");
+                let mut c = config(bad, key.clone());
+                c.allow_published_key = true;
+                assert!(c.validate().is_ok(), "opted in");
+            }
+            let mut c = config(&[], key.clone());
+            c.allocator_url = Some("http://alloc.example.com:9999/".into());
+            assert!(c.validate().is_err(), "an allocator on another host");
+            c.allocator_url = Some("http://127.0.0.1@alloc.example.com/".into());
+            assert!(c.validate().is_err(), "userinfo is not the host");
+        }
+    }
+
+    #[test]
+    fn loopback_addresses_in_every_form() {
+        for a in [
+            "127.0.0.1:3000",
+            "tls://localhost:3000",
+            "http://user:pw@127.0.0.1:9999/",
+            "[::1]:3000",
+        ] {
+            assert!(is_loopback_address(a), "{a}");
+        }
+        for a in [
+            "10.0.0.1:3000",
+            "http://127.0.0.1@evil.example/",
+            "push.example.com:3000",
+        ] {
+            assert!(!is_loopback_address(a), "{a}");
         }
     }
 }

@@ -174,6 +174,11 @@ pub struct PushConfig {
     /// handshake if a server refuses it.
     #[uniffi(default = false)]
     pub transport_profile: bool,
+    /// Use mpush's published RSA key (`public_key: None`, or that key given
+    /// by value) on plain connections to other hosts. Anyone can decrypt
+    /// such a handshake; without this, `connect` refuses with `InvalidInput`.
+    #[uniffi(default = false)]
+    pub allow_published_key: bool,
 }
 
 /// A message for the app.
@@ -367,6 +372,7 @@ fn session_config(c: &PushConfig) -> Result<SessionConfig, PushError> {
         .map_or(s.outbound_capacity, |n| n as usize);
     s.tls_pinned_cert_pem = c.tls_pinned_cert_pem.clone();
     s.transport_profile = c.transport_profile;
+    s.allow_published_key = c.allow_published_key;
     s.validate()?;
     Ok(s)
 }

@@ -37,6 +37,7 @@ fn config(server: String) -> PushConfig {
         outbound_capacity: Some(2),
         tls_pinned_cert_pem: None,
         transport_profile: false,
+        allow_published_key: false,
     }
 }
 

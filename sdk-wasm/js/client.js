@@ -213,6 +213,7 @@ export function makeClient(wasm) {
       // On wss:// the page's TLS already protects the connection: no RSA or
       // AES on top (ADR 0005), falling back if the server refuses.
       transportProfile: bool("transportProfile", true),
+      allowPublishedKey: bool("allowPublishedKey", false),
       numbers: [
         num("heartbeatMs"),
         num("connectTimeoutMs"),
@@ -288,6 +289,7 @@ export function makeClient(wasm) {
         o.clientVersion,
         o.v2,
         o.transportProfile,
+        o.allowPublishedKey,
         new Float64Array(o.numbers),
       );
     }

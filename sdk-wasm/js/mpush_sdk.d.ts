@@ -41,6 +41,10 @@ export interface PushClientOptions {
    *  TLS; servers of this project only, falling back to the classic handshake if a server
    *  refuses it). Default true. */
   transportProfile?: boolean;
+  /** `mpush-sdk/classic`: use mpush's published RSA key (the default `publicKey`, or the same
+   *  key given by value) on plain `ws://` to another host. Anyone can decrypt such a
+   *  handshake; without this, `connect` refuses it with `invalid_input`. Default false. */
+  allowPublishedKey?: boolean;
   /** Heartbeat asked of the server (default 240000). */
   heartbeatMs?: number;
   /** How long one connection attempt may take (default 10000). */

@@ -107,6 +107,7 @@ impl Core {
         client_version: String,
         v2: bool,
         transport_profile: bool,
+        allow_published_key: bool,
         numbers: &[f64],
     ) -> Result<(), JsValue> {
         let public_key = match public_key {
@@ -127,6 +128,7 @@ impl Core {
         c.allocator_url = allocator_url;
         c.offer_v2 = v2;
         c.transport_profile = transport_profile;
+        c.allow_published_key = allow_published_key;
         let n = |i: usize| numbers.get(i).copied().filter(|n| !n.is_nan());
         let ms = |i: usize, into: &mut Duration| {
             if let Some(v) = n(i) {

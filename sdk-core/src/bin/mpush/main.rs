@@ -196,6 +196,10 @@ struct Connect {
     /// The server's RSA public key (base64 SPKI); default: mpush's public default key.
     #[arg(long)]
     public_key: Option<String>,
+    /// Use mpush's published key on a plain connection to another host (a
+    /// server that still uses it; anyone can decrypt that handshake).
+    #[arg(long)]
+    allow_published_key: bool,
     /// Speak only the legacy mpush 0.8.1 profile.
     #[arg(long)]
     legacy: bool,
@@ -225,6 +229,7 @@ impl Connect {
         let mut session = SessionConfig::new(self.servers, Arc::new(key), device);
         session.allocator_url = self.allocator;
         session.offer_v2 = !self.legacy;
+        session.allow_published_key = self.allow_published_key;
         if let Some(f) = &self.tls_pin {
             session.tls_pinned_cert_pem = Some(
                 std::fs::read_to_string(f)
