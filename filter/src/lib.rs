@@ -30,6 +30,7 @@
 //! fails (a method called on a missing field, a spent budget) is an
 //! [`EvalError`], which a broadcast counts as "not selected", as mpush did.
 
+mod ast;
 mod eval;
 mod js;
 mod lex;
@@ -147,7 +148,7 @@ pub struct Usage {
 /// A compiled condition: cheap to evaluate, safe to share across threads.
 #[derive(Debug)]
 pub struct Condition {
-    program: parse::Program,
+    program: ast::Program,
     limits: Limits,
 }
 
