@@ -71,6 +71,9 @@ pub fn router(state: ApiState) -> Router {
             .nest_service("/demo/", ServeDir::new(dir));
     }
     app.fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::method_not_allowed("this route has no such method (see Allow)")
+        })
         .layer(middleware::from_fn_with_state(state.clone(), same_site))
         // A span per request (method, path, version) that every log line of
         // the request carries; the response (status, latency) at DEBUG, and
@@ -520,6 +523,8 @@ async fn unsubscribe(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path((topic, user)) = path?;
+    check_topic(&topic)?;
+    check_user(&user)?;
     let removed = s
         .hub
         .topics()
@@ -626,11 +631,28 @@ struct KickBody {
 async fn kick(
     State(s): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
-    body: Option<Json<KickBody>>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let Path(user) = path?;
     check_user(&user)?;
-    let ct = parse_client_type(body.as_ref().and_then(|b| b.client_type.as_ref()))?;
+    // The body is optional: none kicks every device.
+    let body: KickBody = if body.is_empty() {
+        KickBody::default()
+    } else {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if !json {
+            return Err(ApiError::unsupported_media_type(
+                "the body, when there is one, is application/json",
+            ));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid_body(format!("the body is not a kick: {e}")))?
+    };
+    let ct = parse_client_type(body.client_type.as_ref())?;
     let kicked = s
         .hub
         .kick_user(&user, ct)
