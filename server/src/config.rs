@@ -41,8 +41,8 @@ pub struct Net {
     /// A folder served read-only at `/demo/` (the demo page, `demo-web/`),
     /// when it exists; empty disables it.
     pub demo_dir: String,
-    /// Reverse proxies (IPs or CIDRs, e.g. `10.0.0.0/8`) whose
-    /// `X-Forwarded-For` and `X-Forwarded-Proto` are believed: behind them,
+    /// Reverse proxies (IPs or CIDRs, e.g. `10.0.0.0/8`) whose forwarding
+    /// header (`forwarded_header`) is believed: behind them,
     /// the API and the WebSocket gateway see the client's address (for the
     /// loopback-only API, per-IP limits and logs) and the original scheme.
     pub trusted_proxies: Vec<String>,
@@ -83,9 +83,10 @@ impl Default for Net {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Security {
-    /// RSA private key, PKCS#8 as PEM or bare base64 (`mpush-server keygen`
-    /// writes one). Empty: mpush's *published* default key, which anyone can
-    /// decrypt handshakes with: loopback only, unless `allow_published_key`.
+    /// RSA private key, PKCS#8 (what `mpush-server keygen` and mpush write)
+    /// or PKCS#1, as PEM or bare base64. Empty: mpush's *published* default
+    /// key, which anyone can decrypt handshakes with: loopback only, unless
+    /// `allow_published_key`. That key pasted in (any format) counts the same.
     pub private_key: String,
     /// Or read it from this file.
     pub private_key_file: String,

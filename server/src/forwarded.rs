@@ -163,34 +163,31 @@ impl TrustedProxies {
         }
         match self.header {
             ForwardedHeader::XForwardedFor => {
-                let Some(xff) = &h.xff else {
-                    // No header: the request is the proxy's own.
-                    return if h.junk {
-                        Forwarded::UNKNOWN
-                    } else {
-                        Forwarded::direct(peer)
-                    };
-                };
                 if h.junk {
                     return Forwarded::UNKNOWN;
                 }
-                let hops = xff.split(',').map(|hop| Hop {
-                    addr: bare_ip(hop.trim()),
-                    secure: None,
-                });
-                let Some(client) = self.walk(peer, hops) else {
-                    return Forwarded::UNKNOWN;
+                // No header: the request is the proxy's own.
+                let client = match &h.xff {
+                    None => peer,
+                    Some(xff) => {
+                        let hops = xff.split(',').map(|hop| Hop {
+                            addr: bare_ip(hop.trim()),
+                            secure: None,
+                        });
+                        match self.walk(peer, hops) {
+                            Some(c) => c,
+                            None => return Forwarded::UNKNOWN,
+                        }
+                    }
                 };
-                match h.xfp.as_deref().map(proto_list) {
-                    None => Forwarded {
-                        client: ClientIp::Known(client),
-                        secure: false,
-                    },
-                    Some(Some(secure)) => Forwarded {
-                        client: ClientIp::Known(client),
-                        secure,
-                    },
-                    Some(None) => Forwarded::UNKNOWN,
+                let secure = match h.xfp.as_deref().map(proto_list) {
+                    None => false,
+                    Some(Some(secure)) => secure,
+                    Some(None) => return Forwarded::UNKNOWN,
+                };
+                Forwarded {
+                    client: ClientIp::Known(client),
+                    secure,
                 }
             }
             ForwardedHeader::Forwarded => {
@@ -448,6 +445,15 @@ mod tests {
             resolve(&ForwardingHeaders::default()).client,
             known(PEER),
             "no header: the proxy's own request"
+        );
+        let tls_only = resolve(&ForwardingHeaders {
+            xfp: Some("wss".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            (tls_only.client, tls_only.secure),
+            (known(PEER), true),
+            "a TLS terminator that sets only the protocol"
         );
         let untrusted = proxies(ForwardedHeader::XForwardedFor)
             .resolve("192.0.2.9".parse().expect("ip"), &xff("127.0.0.1"));

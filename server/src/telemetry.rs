@@ -176,6 +176,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Broadcast copies handed to connections",
     ),
     (
+        "mpush_broadcast_condition_evaluations_total",
+        Counter,
+        Unit::Count,
+        "Broadcast conditions evaluated, one per connection that passed the other filters",
+    ),
+    (
+        "mpush_broadcast_condition_errors_total",
+        Counter,
+        Unit::Count,
+        "Condition evaluations without a result (not selected), by kind: type (a method of a missing field, as in mpush), work or memory (over the per-connection budget)",
+    ),
+    (
         "mpush_flow_control_waits_total",
         Counter,
         Unit::Count,

@@ -52,6 +52,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/users/{user_id}/kick", post(kick))
         .route("/exec", get(compat::exec).post(compat::exec))
         .route("/push", post(compat::alloc_push))
+        // Set before the layers, so that CORS still answers a preflight.
+        .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let protected = match cors(&state.hub.cfg().settings.security.cors_origins) {
         Some(layer) => protected.layer(layer),
@@ -63,6 +65,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .method_not_allowed_fallback(method_not_allowed)
         .merge(protected);
     if let Some(dir) = demo_dir(&state.hub.cfg().settings.net.demo_dir) {
         tracing::info!(dir = %dir.display(), "serving the demo page at /demo/");
@@ -71,9 +74,6 @@ pub fn router(state: ApiState) -> Router {
             .nest_service("/demo/", ServeDir::new(dir));
     }
     app.fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::method_not_allowed("this route has no such method (see Allow)")
-        })
         .layer(middleware::from_fn_with_state(state.clone(), same_site))
         // A span per request (method, path, version) that every log line of
         // the request carries; the response (status, latency) at DEBUG, and
@@ -88,6 +88,11 @@ pub fn router(state: ApiState) -> Router {
                 ),
         )
         .with_state(state)
+}
+
+/// A route without the method asked for: a JSON 405 (axum adds `Allow`).
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed("this route has no such method (see Allow)")
 }
 
 /// DNS rebinding and cross-site requests: the `Host` must be an IP literal,
