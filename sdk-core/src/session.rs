@@ -118,25 +118,6 @@ impl SessionConfig {
         {
             return bad(format!("allocator_url: \"{u}\" is not an http(s):// URL"));
         }
-        // mpush's published key (left as the default or given by value)
-        // protects nothing on a plain connection to another host.
-        if self.public_key.is_mpush_published() && !self.allow_published_key {
-            let exposed = self
-                .servers
-                .iter()
-                .find(|s| !is_tls_address(s) && !is_loopback_address(s))
-                .or(self
-                    .allocator_url
-                    .as_ref()
-                    .filter(|u| !is_loopback_address(u)));
-            if let Some(s) = exposed {
-                return bad(format!(
-                    "public_key: mpush's published key, which anyone can decrypt the handshake \
-                     with, for \"{s}\": give the server's own key (`mpush-server keygen` prints \
-                     it), or set allow_published_key to reach a server that still uses it"
-                ));
-            }
-        }
         if self.device.device_id.is_empty() {
             return bad("device_id must not be empty".into());
         }
@@ -160,6 +141,26 @@ impl SessionConfig {
         ] {
             if n == 0 || n > Self::MAX_CAPACITY {
                 return bad(format!("{name}: from 1 to 1000000"));
+            }
+        }
+        // Last, once every field is well formed: mpush's published key (left
+        // as the default or given by value) protects nothing on a plain
+        // connection to another host.
+        if self.public_key.is_mpush_published() && !self.allow_published_key {
+            let exposed = self
+                .servers
+                .iter()
+                .find(|s| !is_tls_address(s) && !is_loopback_address(s))
+                .or(self
+                    .allocator_url
+                    .as_ref()
+                    .filter(|u| !is_loopback_address(u)));
+            if let Some(s) = exposed {
+                return bad(format!(
+                    "public_key: mpush's published key, which anyone can decrypt the handshake \
+                     with, for \"{s}\": give the server's own key (`mpush-server keygen` prints \
+                     it), or set allow_published_key to reach a server that still uses it"
+                ));
             }
         }
         Ok(())
