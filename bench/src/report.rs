@@ -95,6 +95,17 @@ pub fn targets(r: &Value) -> Vec<Target> {
             at_least: false,
             unit: "us",
         });
+        if !cpu["broadcast_condition_js"].is_null() {
+            t.push(Target {
+                name: "server CPU per broadcast delivery with a condition (mpush's JavaScript form), vs without"
+                    .into(),
+                measured: f(&cpu["broadcast_condition_js"]["cpu_us_per_delivery"])
+                    / f(&cpu["broadcast_back_to_back"]["cpu_us_per_delivery"]).max(1e-9),
+                target: 1.5,
+                at_least: false,
+                unit: "x",
+            });
+        }
         t.push(Target {
             name:
                 "server CPU per delivery under the shipped rate limit, vs one at a time unlimited"
@@ -649,6 +660,22 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
             us(&cpu["broadcast_one_at_a_time"]["cpu_us_per_delivery"]),
             us(&cpu["ideal_one_at_a_time_cpu_us_per_delivery"])
         );
+        for key in ["broadcast_condition", "broadcast_condition_js"] {
+            if cpu[key].is_null() {
+                continue;
+            }
+            let _ = writeln!(
+                o,
+                "| broadcast delivery with the condition `{}`, {} broadcasts back to back | {} | – |",
+                // A `|` would end the table's cell.
+                cpu[key]["condition"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .replace('|', "\\|"),
+                cpu[key]["broadcasts"],
+                us(&cpu[key]["cpu_us_per_delivery"])
+            );
+        }
         let _ = writeln!(
             o,
             "| broadcast delivery under the shipped limit ({}/s; {:.0} delivered/s) | {} | – |",

@@ -804,6 +804,9 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let c2c = cpu_secs(pid);
     broadcast_n_with(&mut w, &http, &url, s, n, cond_n, Some(BENCH_CONDITION)).await?;
     let cond_cpu = cpu_secs(pid) - c2c;
+    let c2j = cpu_secs(pid);
+    broadcast_n_with(&mut w, &http, &url, s, n, cond_n, Some(BENCH_CONDITION_JS)).await?;
+    let cond_js_cpu = cpu_secs(pid) - c2j;
     // One broadcast in flight at a time.
     let one = s.cpu_broadcasts / 2;
     let c3 = cpu_secs(pid);
@@ -901,6 +904,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
         "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
         "broadcast_condition": {"broadcasts": cond_n, "condition": BENCH_CONDITION, "cpu_us_per_delivery": us(cond_cpu, cond_n * n)},
+        "broadcast_condition_js": {"broadcasts": cond_n, "condition": BENCH_CONDITION_JS, "cpu_us_per_delivery": us(cond_js_cpu, cond_n * n)},
         "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": 30000, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n)},
         "idle_rss_kb": idle_rss,
         "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
@@ -923,6 +927,10 @@ async fn broadcast_n(
 /// "android"): comparisons and a regex over the client's fields.
 const BENCH_CONDITION: &str =
     r#"osName == "android" && userId != "nobody" && str::regex_matches(userId, "^u")"#;
+
+/// The same in mpush's JavaScript forms (what backends moving from Java
+/// mpush send): string methods, a regex literal, a null-safe tags test.
+const BENCH_CONDITION_JS: &str = r#"(!tags || tags.indexOf("blocked") < 0) && osName.toLowerCase() == "android" && /^u\d+$/.test(userId)"#;
 
 /// `k` broadcasts back to back, each with `condition` when given.
 async fn broadcast_n_with(
