@@ -398,6 +398,36 @@ async fn jwt_binds_only_the_user_the_token_names() {
     server.shutdown().await;
 }
 
+/// `security.max_bind_token_lifetime_secs`: a valid token that expires a
+/// year from now (a leaked one would be good for a year) is refused; one
+/// within the limit binds.
+#[tokio::test]
+async fn a_bind_token_that_lives_too_long_is_refused() {
+    let secret = "jwt-secret-0123456789abcdef-0123456789";
+    let mut st = settings();
+    st.security.jwt_secret = secret.into();
+    st.security.max_bind_token_lifetime_secs = 3600;
+    let server = start(st).await;
+    let key = mpush_server::auth::MintKey::Secret(secret.into());
+    let year = mpush_server::auth::mint_jwt(&key, "ann", 365 * 86_400, None, None).expect("token");
+    let mut c =
+        TestClient::connect(&server, Via::Tcp, true, device("ann-1", "android"), None).await;
+    c.connected().await;
+    c.bind_with_token("ann", "", &year).await;
+    c.wait_for("refused bind closes", |e| {
+        matches!(e, ClientEvent::Closed { .. })
+    })
+    .await;
+    let hour = mpush_server::auth::mint_jwt(&key, "ann", 3600, None, None).expect("token");
+    let mut c =
+        TestClient::connect(&server, Via::Tcp, true, device("ann-2", "android"), None).await;
+    c.connected().await;
+    c.bind_with_token("ann", "", &hour).await;
+    c.wait_for("bound", |e| matches!(e, ClientEvent::BindOk { .. }))
+        .await;
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_v2_ticket_resumes_once_even_when_replayed_concurrently() {
     let server = start(settings()).await;

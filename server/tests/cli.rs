@@ -115,6 +115,26 @@ fn an_exposed_server_refuses_to_start_and_names_the_settings() {
     }
 }
 
+/// A team moving from mpush pastes its old key file into the setting: the
+/// server refuses to start exposed with it (it never binds a port) and says
+/// the key is mpush's published one.
+#[test]
+fn a_pasted_published_key_keeps_an_exposed_server_from_starting() {
+    let key = pem(
+        "PRIVATE KEY",
+        mpush_protocol::crypto::MPUSH_DEFAULT_PRIVATE_KEY,
+    );
+    let (ok, _, stderr) = out(bin()
+        .args(["--tcp", "0.0.0.0:0", "--ws", "", "--http", "127.0.0.1:0"])
+        .env("MPUSH__SECURITY__PRIVATE_KEY", &key)
+        .env("MPUSH__SECURITY__ANONYMOUS_BIND", "true"));
+    assert!(!ok, "refused");
+    assert!(
+        stderr.contains("security.private_key") && stderr.contains("published key"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn config_check_names_the_bad_setting_and_print_masks_secrets() {
     let dir = std::env::temp_dir().join(format!("mpush-config-test-{}", std::process::id()));

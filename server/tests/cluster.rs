@@ -1052,3 +1052,87 @@ async fn a_cluster_on_a_tls_redis_with_a_password() {
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A broadcast condition travels to every node, and each compiles and
+/// evaluates it for its own connections. Before, one within the text limits
+/// could nest string-building functions until evaluating it asked for
+/// gigabytes, and every node aborted. Now the growing functions are refused
+/// at the API (400), and what compiles stays within its budget on every node:
+/// a condition that needs more than it for a connection (here: copies of 4
+/// KiB of tags) selects nobody, is counted, and no node stops serving.
+#[tokio::test]
+async fn a_hostile_condition_stops_no_node() {
+    let redis = Redis::start(free_port()).await;
+    let n = [
+        start(node_settings(&redis.url(), "A")).await,
+        start(node_settings(&redis.url(), "B")).await,
+    ];
+    wait_for_nodes(&Api::new(&n[0]), 2).await;
+    let api = Api::new(&n[0]);
+    // The longest tags a server keeps, on each node.
+    let tags = (0..1000)
+        .map(|i| format!("t{i:03}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let tags = &tags[..tags[..4096.min(tags.len())].rfind(',').unwrap_or(0)];
+    let mut clients = [
+        on(&n[0], "ha", "ha-1", "android", tags).await,
+        on(&n[1], "hb", "hb-1", "android", tags).await,
+    ];
+
+    // evalexpr's abort: a replacement nested in itself (each level squares
+    // the length). Refused before anything is sent anywhere.
+    let mut grow = "userId".to_owned();
+    for _ in 0..6 {
+        grow = format!("str::regex_replace({grow}, \"\", userId)");
+    }
+    for c in [
+        format!("{grow} == \"\""),
+        "userId.repeat(1e9).length > 0".to_owned(),
+        "tags.padStart(1e9) == tags".to_owned(),
+    ] {
+        let (st, r) = api
+            .post("/api/v1/broadcast", json!({"content": "x", "condition": c}))
+            .await;
+        assert_eq!(st, 400, "{c}: {r}");
+    }
+
+    // Compiles, and needs more than the budget on every connection here.
+    let heavy = format!("({}).toUpperCase() == tags", vec!["tags"; 24].join(" + "));
+    let (st, r) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "heavy", "condition": heavy}),
+        )
+        .await;
+    assert_eq!(st, 202, "{r}");
+    // Both nodes still serve, and the next broadcast reaches both.
+    let (st, _) = api
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "after", "condition": "userId.indexOf('h') == 0"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    for c in &mut clients {
+        c.message("after").await;
+        assert!(
+            !c.messages().contains(&"heavy".to_owned()),
+            "over budget: not selected"
+        );
+    }
+    for node in &n {
+        let (_, metrics) = Api::new(node)
+            .text(reqwest::Method::GET, "/metrics", None)
+            .await;
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("mpush_broadcast_condition_errors_total{kind=\"memory\"}")),
+            "each node counted the budget stop:\n{metrics}"
+        );
+    }
+    for node in n {
+        node.shutdown().await;
+    }
+}
