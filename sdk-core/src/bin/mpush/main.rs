@@ -84,7 +84,8 @@ enum Command {
         /// Only clients bound with one of these tags (comma-separated).
         #[arg(long)]
         tags: Option<String>,
-        /// A filter expression over tags, userId, clientType.
+        /// A condition: mpush's JavaScript over userId, tags, clientVersion,
+        /// osName and osVersion, e.g. `tags.indexOf("vip") >= 0 && osName == "android"`.
         #[arg(long)]
         condition: Option<String>,
         #[arg(long, value_enum, default_value = "none")]
