@@ -159,7 +159,8 @@ impl SessionConfig {
                 return bad(format!(
                     "public_key: mpush's published key, which anyone can decrypt the handshake \
                      with, for \"{s}\": give the server's own key (`mpush-server keygen` prints \
-                     it), or set allow_published_key to reach a server that still uses it"
+                     it), or set allow_published_key (allowPublishedKey) to reach a server that \
+                     still uses it"
                 ));
             }
         }

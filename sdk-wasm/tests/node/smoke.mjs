@@ -108,7 +108,12 @@ try {
       c.close();
       assert.equal(c.state, "closed");
     }
-    new classic.PushClient({ servers: "ws://push.example.com/", storage: null }).close();
+    // mpush's published key (the classic default) to another host over
+    // plain ws://: refused unless the app opts in by name.
+    assert.throws(() => new classic.PushClient({ servers: "ws://push.example.com/", storage: null }),
+      (e) => e.code === "invalid_input" && /allowPublishedKey/.test(e.message));
+    new classic.PushClient({ servers: "ws://push.example.com/", storage: null, allowPublishedKey: true }).close();
+    new classic.PushClient({ servers: "wss://push.example.com/", storage: null }).close();
     const size = (f) => readFileSync(join(pkgDir, f)).length;
     assert.ok(size("mpush_sdk_core_bg.wasm") < size("mpush_sdk_classic_core_bg.wasm") * 0.6, "smaller than the classic module");
   });
