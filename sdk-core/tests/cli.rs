@@ -126,6 +126,7 @@ async fn errors_have_clear_messages_and_exit_codes() {
     let out = run(s(&["push", "--api", &api, "--user", "u", "--content", "x"])).await;
     assert_eq!(out.status.code(), Some(4), "auth refused");
     assert!(String::from_utf8_lossy(&out.stderr).contains("authentication refused"));
+    // Offline and not kept: the push did not happen (exit 2, and says why).
     let out = run(s(&[
         "push",
         "--api",
@@ -134,6 +135,22 @@ async fn errors_have_clear_messages_and_exit_codes() {
         "u",
         "--content",
         "x",
+        "--api-token",
+        "a-very-secret-api-token",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ttl"));
+    let out = run(s(&[
+        "push",
+        "--api",
+        &api,
+        "--user",
+        "u",
+        "--content",
+        "x",
+        "--ttl",
+        "60",
         "--api-token",
         "a-very-secret-api-token",
     ]))

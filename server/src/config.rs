@@ -244,6 +244,14 @@ pub struct Delivery {
     pub broadcast_max: usize,
     /// How long a session can be resumed with fast connect (1 day).
     pub session_ttl_secs: u64,
+    /// How long a request with an `Idempotency-Key` (or a `traceId`) is
+    /// remembered: a retry within it gets the first answer and delivers
+    /// nothing twice (1 day).
+    pub idempotency_window_secs: u64,
+    /// Keys (and bytes of answers) kept at most by the embedded store; over
+    /// either, the oldest go first. Redis keeps them for the window.
+    pub idempotency_max_keys: usize,
+    pub idempotency_max_bytes: usize,
 }
 
 impl Default for Delivery {
@@ -260,6 +268,9 @@ impl Default for Delivery {
             broadcast_rate: 30_000,
             broadcast_max: 100_000,
             session_ttl_secs: 86_400,
+            idempotency_window_secs: 86_400,
+            idempotency_max_keys: 200_000,
+            idempotency_max_bytes: 128 << 20,
         }
     }
 }
@@ -684,6 +695,15 @@ impl Settings {
             return Err(invalid(
                 "limits",
                 "caps must be at least 1, handshake_timeout_ms at least 1000, HTTP timeouts at least 100 ms, max_session_bytes at least 1 MiB",
+            ));
+        }
+        if d.idempotency_window_secs == 0
+            || d.idempotency_max_keys == 0
+            || d.idempotency_max_bytes < 1 << 20
+        {
+            return Err(invalid(
+                "delivery.idempotency_*",
+                "the window and the key count must be at least 1, the bytes at least 1 MiB",
             ));
         }
         if d.trace_max_bytes < 1 << 20 {

@@ -176,6 +176,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Broadcast copies handed to connections",
     ),
     (
+        "mpush_idempotent_replays_total",
+        Counter,
+        Unit::Count,
+        "Requests answered with the answer kept for their Idempotency-Key (or traceId): nothing sent again",
+    ),
+    (
+        "mpush_idempotency_evicted_total",
+        Counter,
+        Unit::Count,
+        "Idempotency keys the embedded store forgot before their window ended (over delivery.idempotency_max_keys or _bytes)",
+    ),
+    (
         "mpush_broadcast_condition_evaluations_total",
         Counter,
         Unit::Count,

@@ -246,7 +246,7 @@ async fn the_api_refuses_rebinding_cross_site_and_oversized_requests() {
     let r = http
         .post(format!("{base}/api/v1/push"))
         .header("host", "evil.example")
-        .json(&json!({"userId": "u", "content": "x"}))
+        .json(&json!({"userId": "u", "content": "x", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");
@@ -273,7 +273,7 @@ async fn the_api_refuses_rebinding_cross_site_and_oversized_requests() {
     let r = http
         .post(format!("{base}/api/v1/push"))
         .header("origin", base.as_str())
-        .json(&json!({"userId": "u", "content": "x"}))
+        .json(&json!({"userId": "u", "content": "x", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");
@@ -332,7 +332,7 @@ async fn api_tokens_are_required_when_configured() {
     ] {
         let mut r = http
             .post(&url)
-            .json(&json!({"userId": "u", "content": "x"}));
+            .json(&json!({"userId": "u", "content": "x", "ttlSeconds": 60}));
         if let Some(a) = auth {
             r = r.header("authorization", a);
         }
@@ -341,7 +341,7 @@ async fn api_tokens_are_required_when_configured() {
     let r = http
         .post(&url)
         .header("authorization", "Bearer 0123456789abcdef-token")
-        .json(&json!({"userId": "u", "content": "x"}))
+        .json(&json!({"userId": "u", "content": "x", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");

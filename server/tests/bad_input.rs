@@ -163,7 +163,10 @@ async fn api_tokens_are_required_when_configured() {
     let server = start(s).await;
     let api = Api::new(&server);
     let (st, v) = api
-        .post("/api/v1/push", json!({"userId": "u", "content": "c"}))
+        .post(
+            "/api/v1/push",
+            json!({"userId": "u", "content": "c", "ttlSeconds": 60}),
+        )
         .await;
     assert_eq!(
         (st, v["error"]["code"].as_str()),
@@ -173,7 +176,7 @@ async fn api_tokens_are_required_when_configured() {
         .http
         .post(format!("{}/api/v1/push", api.base))
         .bearer_auth("wrong-wrong-wrong-wrong")
-        .json(&json!({"userId": "u", "content": "c"}))
+        .json(&json!({"userId": "u", "content": "c", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");
@@ -182,7 +185,7 @@ async fn api_tokens_are_required_when_configured() {
         .http
         .post(format!("{}/api/v1/push", api.base))
         .bearer_auth("0123456789abcdef-token")
-        .json(&json!({"userId": "u", "content": "c"}))
+        .json(&json!({"userId": "u", "content": "c", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");

@@ -199,14 +199,22 @@ async fn redis_restart_keeps_local_delivery_and_cross_node_delivery_comes_back()
         .await;
     assert_eq!((st, r["dispatched"].as_u64()), (200, Some(1)), "{r}");
     on_a.message("redis is down").await;
-    // Remote delivery fails with a clear status instead.
+    // Remote delivery fails with a true answer: 503, naming what is down
+    // (before: 200 with an error field).
     let (st, r) = api_a
         .post("/api/v1/push", json!({"userId": "rem", "content": "lost"}))
         .await;
-    assert_eq!(st, 200);
-    assert_eq!(r["dispatched"], 0, "{r}");
+    assert_eq!(st, 503, "{r}");
+    assert_eq!(
+        (&r["status"], &r["dispatched"]),
+        (&json!("unavailable"), &json!(0)),
+        "{r}"
+    );
     assert!(
-        r["error"].as_str().unwrap_or("").contains("unavailable"),
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unavailable"),
         "{r}"
     );
 

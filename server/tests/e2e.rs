@@ -738,8 +738,17 @@ async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
             json!({"userId": "ivy", "content": "2", "ttlSeconds": 60}),
         )
         .await;
-    assert_eq!(st, 200);
-    assert!(r["error"].as_str().unwrap_or("").contains("full"), "{r}");
+    // Neither handed on nor kept: not a 2xx (ADR 0007).
+    assert_eq!(st, 409, "{r}");
+    assert_eq!(r["error"]["code"], "inbox_full", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("full"),
+        "{r}"
+    );
+    assert_eq!(r["status"], "inbox_full", "{r}");
     let t = api
         .trace_state(r["traceId"].as_str().unwrap_or_default(), "ivy", "FAILED")
         .await;
@@ -847,7 +856,7 @@ async fn browser_routes_allocator_cors_and_demo() {
         .http
         .post(format!("{}/api/v1/push", api.base))
         .header("origin", "http://app.example")
-        .json(&json!({"userId": "nobody", "content": "x"}))
+        .json(&json!({"userId": "nobody", "content": "x", "ttlSeconds": 60}))
         .send()
         .await
         .expect("request");

@@ -2,7 +2,6 @@
 //! and the alloc routes (`GET /` server list, `POST /push` demo push).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Json;
@@ -14,11 +13,9 @@ use bytes::Bytes;
 use mpush_protocol::session::AckMode;
 use serde_json::{Value, json};
 
-use super::{
-    ApiError, ApiState, MessageBody, check_topic, check_user, draining, start_trace, store_down,
-    watch_callbacks,
-};
-use crate::logic::MessageSpec;
+use super::{ApiError, ApiState, MessageBody, answer, check_topic, check_user, store_down};
+use crate::logic::send::{Audience, SendRequest, Sent};
+use crate::logic::{MessageSpec, UserStatus};
 use crate::store::TraceState;
 
 /// Parameters from the query string, a form body or a JSON object body.
@@ -72,7 +69,7 @@ pub async fn exec(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: BodyBytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let p = params(query, &headers, &body)?;
     let method = p.get("method").map(String::as_str).unwrap_or("");
     // A GET with side effects is what an <img src> on any page can send:
@@ -114,34 +111,73 @@ pub async fn exec(
         }
         .spec(&s.hub)
     };
+    // The trace id a push is sent under: `trace=false` asks for no record
+    // (the seed fork's switch; the push still gets an id).
+    let untraced = p.get("trace").is_some_and(|v| v == "false" || v == "0");
+    let request = |audience: Audience, spec: MessageSpec| -> Result<SendRequest, ApiError> {
+        Ok(SendRequest {
+            audience,
+            spec,
+            trace_id: p.get("traceId").filter(|t| !t.is_empty()).cloned(),
+            idempotency_key: answer::idempotency_key(&headers)?,
+            untraced,
+        })
+    };
     match method {
         "push" => {
             let user = need("userId")?.clone();
             check_user(&user)?;
             let spec = spec(&p)?;
-            draining(&s.hub)?;
-            let trace_id = exec_trace(&s, &p).await?;
-            watch_callbacks(&s.hub, &trace_id, &spec)?;
-            let o = s.hub.push_user(&trace_id, &spec, &user).await;
-            Ok(Json(
-                json!({ "success": o.error.is_none(), "traceId": &*trace_id, "dispatched": o.dispatched, "stored": o.stored }),
-            ))
+            let req = request(Audience::Users(vec![user]), spec)?;
+            let a = s.hub.send(req).await.map_err(answer::send_error)?;
+            let Sent::Users { trace_id, results } = a.sent else {
+                return Err(ApiError::unavailable("an answer of another kind"));
+            };
+            let o = results.into_iter().next();
+            let (status, dispatched, stored) =
+                o.as_ref().map_or((UserStatus::Unavailable, 0, false), |o| {
+                    (o.status, o.dispatched, o.stored)
+                });
+            let body = json!({
+                "success": status == UserStatus::Sent,
+                "traceId": trace_id,
+                "status": status,
+                "dispatched": dispatched,
+                "stored": stored,
+            });
+            // The same rule as the JSON API, in mpush's shape.
+            let code = match status {
+                UserStatus::Sent => StatusCode::OK,
+                UserStatus::Offline => StatusCode::NOT_FOUND,
+                UserStatus::InboxFull => StatusCode::CONFLICT,
+                UserStatus::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let mut r = (code, Json(body)).into_response();
+            if code == StatusCode::SERVICE_UNAVAILABLE {
+                r.headers_mut().insert(header::RETRY_AFTER, 1.into());
+            }
+            Ok(r)
         }
         "topicPush" => {
             let topic = need("topic")?.clone();
             check_topic(&topic)?;
             let spec = spec(&p)?;
-            draining(&s.hub)?;
-            let trace_id = exec_trace(&s, &p).await?;
-            watch_callbacks(&s.hub, &trace_id, &spec)?;
-            let n = s
+            let a = s
                 .hub
-                .start_topic_push(&topic, trace_id.clone(), spec)
+                .send(request(Audience::Topic(topic), spec)?)
                 .await
-                .map_err(store_down)?;
-            Ok(Json(
-                json!({ "success": true, "traceId": &*trace_id, "subscribers": n }),
-            ))
+                .map_err(answer::send_error)?;
+            let Sent::Topic {
+                trace_id,
+                subscribers,
+            } = a.sent
+            else {
+                return Err(ApiError::unavailable("an answer of another kind"));
+            };
+            Ok(
+                Json(json!({ "success": true, "traceId": trace_id, "subscribers": subscribers }))
+                    .into_response(),
+            )
         }
         "queryTrace" => {
             let id = need("traceId")?;
@@ -158,9 +194,10 @@ pub async fn exec(
             for r in &view.recipients {
                 states.insert(r.user_id.clone(), json!(r.state));
             }
-            Ok(Json(
-                json!({ "success": true, "traceId": id, "states": states, "trace": view }),
-            ))
+            Ok(
+                Json(json!({ "success": true, "traceId": id, "states": states, "trace": view }))
+                    .into_response(),
+            )
         }
         "" => Err(ApiError::bad_request(
             "`method` is required: push, topicPush or queryTrace",
@@ -169,22 +206,6 @@ pub async fn exec(
             "unknown method `{other}`: push, topicPush or queryTrace"
         ))),
     }
-}
-
-/// The trace of an `/exec` push: `trace=false` (or `0`) asks for none (the
-/// seed fork's per-message switch), so no record is kept; the push still gets
-/// a trace id. Absent, a trace is kept, as for the JSON API.
-async fn exec_trace(s: &ApiState, p: &HashMap<String, String>) -> Result<Arc<str>, ApiError> {
-    let off = p.get("trace").is_some_and(|v| v == "false" || v == "0");
-    if off {
-        return Ok(p
-            .get("traceId")
-            .filter(|t| !t.is_empty())
-            .cloned()
-            .unwrap_or_else(|| crate::clock::random_hex(16))
-            .into());
-    }
-    start_trace(&s.hub, p.get("traceId").cloned()).await
 }
 
 /// alloc's `GET /`: `host:port,...` of the connect servers, least loaded
@@ -264,6 +285,7 @@ static ALLOC_MSG: AtomicU64 = AtomicU64::new(1);
 /// with its fixed reply; the message is built as alloc builds it.
 pub async fn alloc_push(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let Json(v) = body?;
@@ -293,20 +315,33 @@ pub async fn alloc_push(
         ack_timeout: None,
         callback: None,
     };
-    draining(&s.hub)?;
-    let trace_id = start_trace(&s.hub, None).await?;
-    if broadcast {
+    let audience = if broadcast {
         let condition = v
             .get("condition")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        s.hub
-            .start_broadcast(trace_id, spec, Vec::new(), condition)
-            .await
-            .map_err(ApiError::bad_request)?;
+        Audience::Broadcast {
+            tags: Vec::new(),
+            condition,
+        }
     } else {
         check_user(&user)?;
-        s.hub.push_user(&trace_id, &spec, &user).await;
+        Audience::Users(vec![user])
+    };
+    let req = SendRequest {
+        audience,
+        spec,
+        trace_id: None,
+        idempotency_key: answer::idempotency_key(&headers)?,
+        untraced: false,
+    };
+    let a = s.hub.send(req).await.map_err(answer::send_error)?;
+    // alloc's reply, when the push happened; the JSON API's errors else.
+    if let Sent::Users { results, .. } = &a.sent
+        && let Some(o) = results.first()
+        && o.status != UserStatus::Sent
+    {
+        return Err(answer::user_error(o));
     }
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],

@@ -11,100 +11,104 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// `Retry-After` (seconds), on a 503 or a 409 that a retry may clear.
+    pub retry_after: Option<u64>,
+    /// Fields beside `error` (a push's outcome: `traceId`, `status`, ...).
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Adds the fields of `v` (an object) beside `error`.
+    pub fn with(mut self, v: serde_json::Value) -> Self {
+        if let serde_json::Value::Object(m) = v {
+            self.extra.extend(m);
+        }
+        self
+    }
 }
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            code: "bad_request",
-            message: message.into(),
-        }
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::NOT_FOUND,
-            code: "not_found",
-            message: message.into(),
-        }
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::UNAUTHORIZED,
-            code: "unauthorized",
-            message: message.into(),
-        }
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::FORBIDDEN,
-            code: "forbidden",
-            message: message.into(),
-        }
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::METHOD_NOT_ALLOWED,
-            code: "method_not_allowed",
-            message: message.into(),
-        }
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
+        )
     }
 
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            code: "invalid_body",
-            message: message.into(),
-        }
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_body", message)
     }
 
     pub fn invalid_body(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_body",
-            message: message.into(),
-        }
+        Self::new(StatusCode::BAD_REQUEST, "invalid_body", message)
     }
 
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::CONFLICT,
-            code: "conflict",
-            message: message.into(),
-        }
+        Self::new(StatusCode::CONFLICT, "conflict", message)
     }
 
+    /// Something the request needs is down: retry (after a second).
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "unavailable",
-            message: message.into(),
-        }
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).retry_after(1)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        let mut body = self.extra;
+        body.insert(
+            "error".into(),
+            json!({ "code": self.code, "message": self.message }),
+        );
+        let mut r = (self.status, Json(serde_json::Value::Object(body))).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        r
     }
 }
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
-        Self {
-            status: if r.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-                StatusCode::UNSUPPORTED_MEDIA_TYPE
-            } else {
-                StatusCode::BAD_REQUEST
-            },
-            code: "invalid_body",
-            message: r.body_text(),
-        }
+        let status = if r.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        Self::new(status, "invalid_body", r.body_text())
     }
 }
 

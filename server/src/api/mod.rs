@@ -1,6 +1,7 @@
 //! The HTTP API for business backends (JSON), mpush's `/exec` and the alloc
 //! routes. An OpenAPI document is served at `/openapi.json`.
 
+mod answer;
 mod compat;
 mod error;
 pub mod serve;
@@ -27,7 +28,7 @@ use tower_http::services::ServeDir;
 pub use error::ApiError;
 
 use crate::logic::callback::CallbackTarget;
-use crate::logic::filter::Filter;
+use crate::logic::send::{Audience, SendAnswer, SendRequest};
 use crate::logic::{Hub, MessageSpec};
 use crate::store::StoreError;
 
@@ -397,13 +398,6 @@ fn check_user(u: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn draining(hub: &Hub) -> Result<(), ApiError> {
-    if hub.is_draining() {
-        return Err(ApiError::unavailable("the server is shutting down"));
-    }
-    Ok(())
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PushBody {
@@ -412,23 +406,41 @@ struct PushBody {
     message: MessageBody,
 }
 
+/// The one way in (`logic::send`) for the JSON routes.
+async fn send(
+    s: &ApiState,
+    headers: &HeaderMap,
+    audience: Audience,
+    message: &MessageBody,
+    spec: MessageSpec,
+) -> Result<SendAnswer, ApiError> {
+    let req = SendRequest {
+        audience,
+        spec,
+        trace_id: message.trace_id.clone(),
+        idempotency_key: answer::idempotency_key(headers)?,
+        untraced: false,
+    };
+    s.hub.send(req).await.map_err(answer::send_error)
+}
+
 async fn push(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     body: Result<Json<PushBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let Json(b) = body?;
     check_user(&b.user_id)?;
     let spec = b.message.spec(&s.hub)?;
-    draining(&s.hub)?;
-    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
-    watch_callbacks(&s.hub, &trace_id, &spec)?;
-    let o = s.hub.push_user(&trace_id, &spec, &b.user_id).await;
-    Ok(Json(json!({
-        "traceId": &*trace_id,
-        "dispatched": o.dispatched,
-        "stored": o.stored,
-        "error": o.error,
-    })))
+    let a = send(
+        &s,
+        &headers,
+        Audience::Users(vec![b.user_id]),
+        &b.message,
+        spec,
+    )
+    .await?;
+    Ok(answer::single(a))
 }
 
 #[derive(Debug, Deserialize)]
@@ -443,8 +455,9 @@ const MAX_BATCH: usize = 10_000;
 
 async fn push_batch(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     body: Result<Json<BatchBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let Json(b) = body?;
     if b.user_ids.is_empty() || b.user_ids.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
@@ -455,17 +468,10 @@ async fn push_batch(
         check_user(u)?;
     }
     let spec = b.message.spec(&s.hub)?;
-    draining(&s.hub)?;
-    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
-    watch_callbacks(&s.hub, &trace_id, &spec)?;
     // One route lookup and one frame per node for the whole batch (results
-    // in the order of the users).
-    let users: Vec<Arc<str>> = b.user_ids.iter().map(|u| Arc::from(u.as_str())).collect();
-    let results = s.hub.push_users(&trace_id, &spec, &users).await;
-    let dispatched: usize = results.iter().map(|r| r.dispatched).sum();
-    Ok(Json(
-        json!({ "traceId": &*trace_id, "dispatched": dispatched, "results": results }),
-    ))
+    // per user, in the order given, each user once).
+    let a = send(&s, &headers, Audience::Users(b.user_ids), &b.message, spec).await?;
+    Ok(answer::batch(a))
 }
 
 #[derive(Debug, Deserialize)]
@@ -480,19 +486,17 @@ struct BroadcastBody {
 
 async fn broadcast(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     body: Result<Json<BroadcastBody>, JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<Response, ApiError> {
     let Json(b) = body?;
     let spec = b.message.spec(&s.hub)?;
-    Filter::new(b.tags.clone(), b.condition.as_deref(), spec.client_type)
-        .map_err(ApiError::bad_request)?;
-    draining(&s.hub)?;
-    let trace_id = start_trace(&s.hub, b.message.trace_id.clone()).await?;
-    s.hub
-        .start_broadcast(trace_id.clone(), spec, b.tags, b.condition)
-        .await
-        .map_err(ApiError::unavailable)?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "traceId": &*trace_id }))))
+    let audience = Audience::Broadcast {
+        tags: b.tags,
+        condition: b.condition,
+    };
+    let a = send(&s, &headers, audience, &b.message, spec).await?;
+    Ok(answer::started(a))
 }
 
 pub fn check_topic(t: &str) -> Result<(), ApiError> {
@@ -548,55 +552,19 @@ async fn unsubscribe(
 
 async fn topic_push(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     body: Result<Json<MessageBody>, JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<Response, ApiError> {
     let Path(topic) = path?;
     check_topic(&topic)?;
     let Json(b) = body?;
     let spec = b.spec(&s.hub)?;
-    draining(&s.hub)?;
-    let trace_id = start_trace(&s.hub, b.trace_id.clone()).await?;
-    watch_callbacks(&s.hub, &trace_id, &spec)?;
-    let n = s
-        .hub
-        .start_topic_push(&topic, trace_id.clone(), spec)
-        .await
-        .map_err(store_down)?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "traceId": &*trace_id, "subscribers": n })),
-    ))
-}
-
-/// Starts a trace. A trace store that is down does not stop delivery (local
-/// delivery never depends on Redis): the push goes out untraced, the outage is
-/// logged and counted, and `GET /api/v1/traces/{id}` answers 503 meanwhile.
-pub async fn start_trace(hub: &Hub, trace_id: Option<String>) -> Result<Arc<str>, ApiError> {
-    let id: Arc<str> = trace_id
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| crate::clock::random_hex(16))
-        .into();
-    if let Err(e) = hub.tracer().start(Some(id.to_string())).await {
-        metrics::counter!("mpush_traces_untraced_total").increment(1);
-        tracing::warn!(error = %e, trace = %id, "trace store down: pushed untraced");
-    }
-    Ok(id)
+    let a = send(&s, &headers, Audience::Topic(topic), &b, spec).await?;
+    Ok(answer::started(a))
 }
 
 /// A store that is down: 503, saying which.
-/// Watches a unicast push's delivery callbacks on this node (before it is
-/// sent); a full watch list is a 503.
-pub fn watch_callbacks(hub: &Hub, trace_id: &Arc<str>, spec: &MessageSpec) -> Result<(), ApiError> {
-    if let Some(t) = &spec.callback {
-        hub.tracer()
-            .callbacks()
-            .watch(trace_id, t.clone(), spec.ack_mode != AckMode::None, false)
-            .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    }
-    Ok(())
-}
-
 pub fn store_down(e: StoreError) -> ApiError {
     ApiError::unavailable(e.to_string())
 }

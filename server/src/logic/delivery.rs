@@ -19,7 +19,7 @@ use super::Hub;
 use super::callback::CallbackTarget;
 use super::filter::Filter;
 use crate::clock::unix_ms;
-use crate::cluster::{BroadcastMsg, ForwardError};
+use crate::cluster::BroadcastMsg;
 use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, SendError, Target};
 use crate::store::{InboxError, StoredMessage, TraceState};
 
@@ -38,17 +38,97 @@ pub struct MessageSpec {
     pub callback: Option<CallbackTarget>,
 }
 
+/// What became of one user's copy, as the API reports it (ADR 0007).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UserStatus {
+    /// Handed to at least one of the user's connections (here, or to the
+    /// node that holds it, which took it), or kept in the user's inbox.
+    Sent,
+    /// No connection, and nothing asked to keep it (no `ttlSeconds`, no
+    /// ACK mode): nothing happened.
+    Offline,
+    /// The user's inbox is full (`delivery.inbox_max`): not kept.
+    InboxFull,
+    /// Neither handed on nor kept, because something it needed is down (the
+    /// route table, the inbox store, the node that holds the connection).
+    Unavailable,
+}
+
 /// What happened to one user's copy.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UserOutcome {
     pub user_id: String,
+    pub status: UserStatus,
     /// Connections (here or on other nodes) the message was handed to.
     pub dispatched: usize,
-    /// Kept in the offline inbox.
+    /// Kept in the offline inbox (until a device acknowledges it, with an
+    /// ACK mode; until `ttlSeconds`, else).
     pub stored: bool,
+    /// Devices it could not reach and that the inbox does not cover (no
+    /// `ttlSeconds` and no ACK mode), counted in `error`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missed: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl UserOutcome {
+    fn new(user: &str) -> Self {
+        Self {
+            user_id: user.to_owned(),
+            status: UserStatus::Offline,
+            dispatched: 0,
+            stored: false,
+            missed: 0,
+            error: None,
+        }
+    }
+}
+
+/// One user's copy while it is being sent: what has happened so far.
+struct Attempt {
+    outcome: UserOutcome,
+    /// A store or node it needed was down.
+    unavailable: bool,
+    inbox_full: bool,
+    /// Copies that did not reach a device and wait for the inbox (if the
+    /// message may be kept).
+    unreached: usize,
+}
+
+impl Attempt {
+    fn note(&mut self, error: String) {
+        match &mut self.outcome.error {
+            Some(e) => {
+                e.push_str("; ");
+                e.push_str(&error);
+            }
+            None => self.outcome.error = Some(error),
+        }
+    }
+
+    fn finish(mut self) -> UserOutcome {
+        let o = &mut self.outcome;
+        o.status = if o.dispatched > 0 || o.stored {
+            UserStatus::Sent
+        } else if self.unavailable {
+            UserStatus::Unavailable
+        } else if self.inbox_full {
+            UserStatus::InboxFull
+        } else {
+            UserStatus::Offline
+        };
+        if !o.stored {
+            o.missed = self.unreached;
+        }
+        self.outcome
+    }
 }
 
 static NO_DEVICE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
@@ -65,17 +145,16 @@ impl Hub {
         self.push_users(trace_id, spec, &users)
             .await
             .pop()
-            .unwrap_or_else(|| UserOutcome {
-                user_id: user.to_owned(),
-                dispatched: 0,
-                stored: false,
-                error: Some("not delivered".into()),
-            })
+            .unwrap_or_else(|| UserOutcome::new(user))
     }
 
     /// Delivers one message to many users under one message id (a device
-    /// deduplicates by it, so a user listed twice gets it once); the route
-    /// table is read once for all of them, and each remote node gets one frame.
+    /// deduplicates by it); the route table is read once for all of them,
+    /// and each remote node gets one frame. A copy that cannot reach a
+    /// device (a node that does not answer, a full connection queue) goes to
+    /// the user's inbox when the message may be kept; routes are never
+    /// removed on a guess, only when the node holding one says the
+    /// connection is gone.
     pub async fn push_users(
         &self,
         trace_id: &Arc<str>,
@@ -93,127 +172,182 @@ impl Hub {
             (t, _) => t,
         };
         let message_id = self.next_message_id();
-        let queued_at = mpush_protocol::Instant::now();
-        let mut outcomes = Vec::with_capacity(users.len());
-        let mut remote: HashMap<String, Vec<(usize, Route, Arc<OutboundPush>)>> = HashMap::new();
+        let push = Arc::new(OutboundPush {
+            message_id,
+            trace_id: trace_id.clone(),
+            content: spec.content.clone(),
+            ack_mode: spec.ack_mode,
+            expires_at_ms: if keep_secs > 0 {
+                u64::try_from(now).unwrap_or(0) + keep_secs * 1000
+            } else {
+                0
+            },
+            ack_timeout: spec.ack_timeout,
+            queued_at: Some(mpush_protocol::Instant::now()),
+        });
+        let mut attempts = Vec::with_capacity(users.len());
+        let mut remote: HashMap<String, Vec<(usize, Route)>> = HashMap::new();
         for (i, (user, targets)) in users.iter().zip(routes).enumerate() {
-            let mut o = UserOutcome {
-                user_id: user.to_string(),
-                dispatched: 0,
-                stored: false,
-                error: None,
+            let mut a = Attempt {
+                outcome: UserOutcome::new(user),
+                unavailable: false,
+                inbox_full: false,
+                unreached: 0,
             };
             let targets = match targets {
                 Ok(t) => t,
                 Err(e) => {
-                    o.error = Some(e.to_string());
+                    a.unavailable = true;
+                    a.note(e.to_string());
                     Vec::new()
                 }
             };
-            let push = Arc::new(OutboundPush {
-                message_id,
-                trace_id: trace_id.clone(),
-                content: spec.content.clone(),
-                ack_mode: spec.ack_mode,
-                expires_at_ms: if keep_secs > 0 {
-                    u64::try_from(now).unwrap_or(0) + keep_secs * 1000
-                } else {
-                    0
-                },
-                ack_timeout: spec.ack_timeout,
-                queued_at: Some(queued_at),
-            });
+            // Kept first when it must be (ACK mode), or when there is no
+            // device to hand it to.
             if keep_secs > 0 && (spec.ack_mode != AckMode::None || targets.is_empty()) {
-                let stored = StoredMessage {
-                    message_id: push.message_id,
-                    trace_id: trace_id.clone(),
-                    content: spec.content.clone(),
-                    ack_mode: spec.ack_mode,
-                    client_type: spec.client_type,
-                    expires_at_ms: i64::try_from(push.expires_at_ms).unwrap_or(0),
-                };
-                match self.inbox.push(user, stored).await {
-                    Ok(()) => o.stored = true,
-                    Err(e) => {
-                        if matches!(e, InboxError::Full(_)) {
-                            metrics::counter!("mpush_inbox_full_total").increment(1);
-                        }
-                        o.error = Some(e.to_string());
-                    }
-                }
+                self.keep(user, &push, spec, &mut a).await;
             }
             if targets.is_empty() {
-                let (state, detail) = match (&o.error, o.stored) {
-                    (Some(e), _) => (TraceState::Failed, e.clone()),
-                    (None, true) => (
-                        TraceState::Offline,
-                        format!("kept {keep_secs}s for the user's next connection"),
-                    ),
-                    (None, false) => (TraceState::Offline, "user offline".to_owned()),
-                };
-                self.tracer.record(
-                    trace_id,
-                    user,
-                    &NO_DEVICE,
-                    spec.client_type.unwrap_or(-1),
-                    state,
-                    Some(detail.into()),
-                );
+                self.trace_unrouted(trace_id, user, spec, &a, keep_secs);
             }
             for t in targets {
                 match t {
                     Target::Local(h) => {
-                        if self.send(&h, user, &push, false) {
-                            o.dispatched += 1;
+                        if self.hand_over(&h, user, &push, false) {
+                            a.outcome.dispatched += 1;
+                        } else {
+                            a.unreached += 1;
                         }
                     }
-                    Target::Remote(r) => {
-                        remote
-                            .entry(r.node.clone())
-                            .or_default()
-                            .push((i, r, push.clone()))
-                    }
+                    Target::Remote(r) => remote.entry(r.node.clone()).or_default().push((i, r)),
                 }
             }
-            outcomes.push(o);
+            attempts.push(a);
         }
-        for (node, pushes) in remote {
-            self.forward(&node, users, pushes, &mut outcomes).await;
+        for (node, routes) in remote {
+            self.forward(&node, users, &push, routes, &mut attempts)
+                .await;
+        }
+        // What did not reach a device goes to the inbox, when it may be kept.
+        for (user, a) in users.iter().zip(attempts.iter_mut()) {
+            if a.unreached > 0 && keep_secs > 0 && !a.outcome.stored {
+                self.keep(user, &push, spec, a).await;
+                if a.outcome.stored {
+                    self.tracer.record(
+                        trace_id,
+                        user,
+                        &NO_DEVICE,
+                        spec.client_type.unwrap_or(-1),
+                        TraceState::Offline,
+                        Some(
+                            format!(
+                                "kept {keep_secs}s in the inbox: a device could not be reached"
+                            )
+                            .into(),
+                        ),
+                    );
+                }
+            }
         }
         metrics::counter!("mpush_pushes_total").increment(users.len() as u64);
-        outcomes
+        attempts.into_iter().map(Attempt::finish).collect()
     }
 
-    /// One frame to `node` for every recipient it holds (they share the
-    /// message and its id).
+    /// Puts the message in `user`'s inbox; a store that is down or a full
+    /// inbox is noted on the attempt.
+    async fn keep(&self, user: &str, push: &OutboundPush, spec: &MessageSpec, a: &mut Attempt) {
+        let stored = StoredMessage {
+            message_id: push.message_id,
+            trace_id: push.trace_id.clone(),
+            content: spec.content.clone(),
+            ack_mode: spec.ack_mode,
+            client_type: spec.client_type,
+            expires_at_ms: i64::try_from(push.expires_at_ms).unwrap_or(0),
+        };
+        match self.inbox.push(user, stored).await {
+            Ok(()) => a.outcome.stored = true,
+            Err(e) => {
+                match e {
+                    InboxError::Full(_) => {
+                        metrics::counter!("mpush_inbox_full_total").increment(1);
+                        a.inbox_full = true;
+                    }
+                    InboxError::Unavailable(_) => a.unavailable = true,
+                }
+                a.note(e.to_string());
+            }
+        }
+    }
+
+    /// The trace of a user with no device to hand the message to.
+    fn trace_unrouted(
+        &self,
+        trace_id: &Arc<str>,
+        user: &Arc<str>,
+        spec: &MessageSpec,
+        a: &Attempt,
+        keep_secs: u64,
+    ) {
+        let (state, detail) = match (&a.outcome.error, a.outcome.stored) {
+            (_, true) => (
+                TraceState::Offline,
+                format!("kept {keep_secs}s for the user's next connection"),
+            ),
+            (Some(e), false) => (TraceState::Failed, e.clone()),
+            (None, false) => (TraceState::Offline, "user offline".to_owned()),
+        };
+        self.tracer.record(
+            trace_id,
+            user,
+            &NO_DEVICE,
+            spec.client_type.unwrap_or(-1),
+            state,
+            Some(detail.into()),
+        );
+    }
+
+    /// One frame to `node_id` for every recipient it holds (they share the
+    /// message and its id). A node that does not answer leaves its routes
+    /// alone: the copies count as unreached (the caller keeps them in the
+    /// inbox when it may). A node that answers that a connection is gone
+    /// has its route removed: that is the node's word, not a guess.
     async fn forward(
         &self,
         node_id: &str,
         users: &[Arc<str>],
-        pushes: Vec<(usize, Route, Arc<OutboundPush>)>,
-        outcomes: &mut [UserOutcome],
+        push: &Arc<OutboundPush>,
+        routes: Vec<(usize, Route)>,
+        attempts: &mut [Attempt],
     ) {
         let Some(cl) = &self.cluster else {
             return;
         };
-        let Some(node) = cl.node(node_id).await else {
-            for (i, r, p) in &pushes {
-                self.router.forget(&users[*i], r).await;
-                self.trace_remote(
-                    &p.trace_id,
-                    &users[*i],
-                    r,
-                    TraceState::Offline,
-                    format!("route to node {node_id} which is gone: removed"),
-                );
+        let node = match cl.node(node_id).await {
+            Some(n) => n,
+            None => {
+                for (i, r) in &routes {
+                    let a = &mut attempts[*i];
+                    a.unreached += 1;
+                    a.unavailable = true;
+                    a.note(format!(
+                        "node {node_id} is not registered (down, or cut off from Redis)"
+                    ));
+                    self.trace_remote(
+                        &push.trace_id,
+                        &users[*i],
+                        r,
+                        TraceState::Failed,
+                        format!("node {node_id} is not registered"),
+                    );
+                }
+                return;
             }
-            return;
         };
-        for (i, r, p) in &pushes {
+        for (i, r) in &routes {
             // The hop is recorded first: the other node's record for the
             // device then takes over this placeholder, keeping the history.
             self.tracer.record(
-                &p.trace_id,
+                &push.trace_id,
                 &users[*i],
                 &NO_DEVICE,
                 r.client_type,
@@ -221,74 +355,55 @@ impl Hub {
                 Some(format!("forwarded from node {} to node {}", cl.node_id, node.id).into()),
             );
         }
-        // One frame per message id (recipients of one user share it).
-        let callbacks = self.tracer.callbacks();
-        let mut frames: Vec<(v2::NodePushBatch, Vec<usize>)> = Vec::new();
-        for (k, (i, r, p)) in pushes.iter().enumerate() {
-            let recipient = v2::NodeRecipient {
-                user_id: users[*i].to_string(),
-                client_type: r.client_type,
-            };
-            match frames
-                .iter_mut()
-                .find(|(b, _)| b.message_id == p.message_id)
-            {
-                Some((b, idx)) => {
-                    b.recipients.push(recipient);
-                    idx.push(k);
+        let batch = v2::NodePushBatch {
+            recipients: routes
+                .iter()
+                .map(|(i, r)| v2::NodeRecipient {
+                    user_id: users[*i].to_string(),
+                    client_type: r.client_type,
+                })
+                .collect(),
+            message_id: push.message_id,
+            trace_id: push.trace_id.to_string(),
+            content: push.content.to_vec(),
+            ack_mode: push.ack_mode.to_v2(),
+            expires_at_ms: push.expires_at_ms,
+            ack_timeout_ms: push.ack_timeout.map_or(0, |d| d.as_millis() as u32),
+            from_node: cl.node_id.clone(),
+            callback: self
+                .tracer
+                .callbacks()
+                .target_of(&push.trace_id)
+                .map(|t| t.to_wire())
+                .unwrap_or_default(),
+        };
+        let result = cl.forward(&node, batch).await;
+        for (n, (i, r)) in routes.iter().enumerate() {
+            let user = &users[*i];
+            let a = &mut attempts[*i];
+            match &result {
+                Ok(delivered) if delivered.get(n).copied().unwrap_or(0) > 0 => {
+                    metrics::counter!("mpush_forwards_total").increment(1);
+                    a.outcome.dispatched += 1;
                 }
-                None => frames.push((
-                    v2::NodePushBatch {
-                        recipients: vec![recipient],
-                        message_id: p.message_id,
-                        trace_id: p.trace_id.to_string(),
-                        content: p.content.to_vec(),
-                        ack_mode: p.ack_mode.to_v2(),
-                        expires_at_ms: p.expires_at_ms,
-                        ack_timeout_ms: p.ack_timeout.map_or(0, |d| d.as_millis() as u32),
-                        from_node: cl.node_id.clone(),
-                        callback: callbacks
-                            .target_of(&p.trace_id)
-                            .map(|t| t.to_wire())
-                            .unwrap_or_default(),
-                    },
-                    vec![k],
-                )),
-            }
-        }
-        let sent = futures_util::future::join_all(
-            frames
-                .into_iter()
-                .map(|(b, idx)| async { (cl.forward(&node, b).await, idx) }),
-        )
-        .await;
-        for (result, idx) in sent {
-            for (n, k) in idx.into_iter().enumerate() {
-                let (i, r, p) = &pushes[k];
-                let user = &users[*i];
-                match &result {
-                    Ok(delivered) if delivered.get(n).copied().unwrap_or(0) > 0 => {
-                        metrics::counter!("mpush_forwards_total").increment(1);
-                        outcomes[*i].dispatched += 1;
-                    }
-                    Ok(_) => {
-                        self.router.forget(user, r).await;
-                        self.trace_remote(
-                            &p.trace_id,
-                            user,
-                            r,
-                            TraceState::Offline,
-                            format!("not connected to node {node_id} any more: route removed"),
-                        );
-                    }
-                    Err(e) => {
-                        metrics::counter!("mpush_forward_errors_total").increment(1);
-                        if matches!(e, ForwardError::Unreachable(..)) {
-                            // A node that refuses connections is gone; its routes are stale.
-                            self.router.forget(user, r).await;
-                        }
-                        self.trace_remote(&p.trace_id, user, r, TraceState::Failed, e.to_string());
-                    }
+                Ok(_) => {
+                    // The node says the connection is not there any more.
+                    self.router.forget(user, r).await;
+                    a.unreached += 1;
+                    self.trace_remote(
+                        &push.trace_id,
+                        user,
+                        r,
+                        TraceState::Offline,
+                        format!("not connected to node {node_id} any more: route removed"),
+                    );
+                }
+                Err(e) => {
+                    metrics::counter!("mpush_forward_errors_total").increment(1);
+                    a.unreached += 1;
+                    a.unavailable = true;
+                    a.note(e.to_string());
+                    self.trace_remote(&push.trace_id, user, r, TraceState::Failed, e.to_string());
                 }
             }
         }
@@ -340,7 +455,7 @@ impl Hub {
                 let mut n = 0;
                 for h in self.router.local().lookup(&user) {
                     if (r.client_type == 0 || r.client_type == h.info.client_type)
-                        && self.send(&h, &user, &push, false)
+                        && self.hand_over(&h, &user, &push, false)
                     {
                         n += 1;
                     }
@@ -352,7 +467,7 @@ impl Hub {
 
     /// Hands a push to a connection's queue (DISPATCHED); a full queue is a
     /// slow consumer (FAILED), a closed one a user gone (OFFLINE).
-    fn send(
+    fn hand_over(
         &self,
         h: &ConnHandle,
         user: &Arc<str>,
@@ -390,8 +505,8 @@ impl Hub {
         spec: MessageSpec,
         tags: Vec<String>,
         condition: Option<String>,
+        filter: Arc<Filter>,
     ) -> Result<(), String> {
-        let filter = Filter::new(tags.clone(), condition.as_deref(), spec.client_type)?;
         let message_id = self.next_message_id();
         if let Some(cl) = &self.cluster {
             let msg = BroadcastMsg {
@@ -417,7 +532,7 @@ impl Hub {
         }
         let hub = self.clone();
         tokio::spawn(async move {
-            hub.broadcast_here(trace_id, message_id, &spec, Arc::new(filter))
+            hub.broadcast_here(trace_id, message_id, &spec, filter)
                 .await;
         });
         Ok(())
@@ -480,7 +595,7 @@ impl Hub {
         for chunk in targets.chunks(1024) {
             self.broadcast_limiter.acquire(chunk.len()).await;
             for (user, h) in chunk {
-                self.send(h, user, &push, true);
+                self.hand_over(h, user, &push, true);
             }
         }
         metrics::counter!("mpush_broadcast_deliveries_total").increment(targets.len() as u64);

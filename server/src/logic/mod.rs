@@ -9,6 +9,7 @@ pub mod callback;
 mod delivery;
 pub mod filter;
 pub mod flow;
+pub mod send;
 mod session;
 pub mod trace;
 mod upstream;
@@ -32,10 +33,10 @@ use crate::config::Validated;
 use crate::route::{RedisRoutes, RouteStore, Router};
 use crate::sink::Sinks;
 use crate::store::{
-    InboxStore, MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces, SessionStore, TopicStore,
-    TraceStore,
+    IdempotencyStore, InboxStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
+    MemoryTraces, SessionStore, TopicStore, TraceStore,
 };
-pub use delivery::{MessageSpec, UserOutcome};
+pub use delivery::{MessageSpec, UserOutcome, UserStatus};
 pub use session::{DeviceView, UserView};
 use trace::Tracer;
 pub use upstream::{Lifecycle, UpRefusal, up_push_id};
@@ -46,6 +47,7 @@ pub struct Stores {
     pub traces: Arc<dyn TraceStore>,
     pub inbox: Arc<dyn InboxStore>,
     pub topics: Arc<dyn TopicStore>,
+    pub idempotency: Arc<dyn IdempotencyStore>,
 }
 
 /// Where the gateways listen (known once bound).
@@ -64,6 +66,7 @@ pub struct Hub {
     sessions: Arc<dyn SessionStore>,
     inbox: Arc<dyn InboxStore>,
     topics: Arc<dyn TopicStore>,
+    idempotency: Arc<dyn IdempotencyStore>,
     tracer: Tracer,
     push_limiter: flow::RateLimiter,
     broadcast_limiter: flow::RateLimiter,
@@ -101,6 +104,11 @@ impl Hub {
                 l.max_topics_per_user,
                 l.max_subscribers_per_topic,
             )),
+            idempotency: Arc::new(MemoryIdempotency::new(
+                Duration::from_secs(d.idempotency_window_secs),
+                d.idempotency_max_keys,
+                d.idempotency_max_bytes,
+            )),
         };
         Self::new(cfg, stores, None, listeners)
     }
@@ -112,6 +120,7 @@ impl Hub {
         cluster: Arc<Cluster>,
         listeners: Listeners,
     ) -> Arc<Self> {
+        use crate::store::RedisIdempotency;
         use crate::store::redis::{RedisInbox, RedisSessions, RedisTopics, RedisTraces};
         let d = &cfg.settings.delivery;
         let r = cluster.redis.clone();
@@ -131,9 +140,13 @@ impl Hub {
                 max_ttl_secs: d.max_ttl_secs,
             }),
             topics: Arc::new(RedisTopics {
-                redis: r,
+                redis: r.clone(),
                 max_topics_per_user: cfg.settings.limits.max_topics_per_user,
                 max_subscribers: cfg.settings.limits.max_subscribers_per_topic,
+            }),
+            idempotency: Arc::new(RedisIdempotency {
+                redis: r,
+                window: Duration::from_secs(d.idempotency_window_secs),
             }),
         };
         Self::new(cfg, stores, Some(cluster), listeners)
@@ -182,6 +195,7 @@ impl Hub {
             sessions: stores.sessions,
             inbox: stores.inbox,
             topics: stores.topics,
+            idempotency: stores.idempotency,
             next_message: AtomicU64::new(first_id),
             next_conn: AtomicU64::new(1),
             connections: AtomicUsize::new(0),

@@ -4,6 +4,7 @@
 //! or the store is down (`Err(StoreError)`), so the logic layer can tell the
 //! caller which.
 
+pub mod idempotency;
 mod memory;
 pub mod redis;
 
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use mpush_protocol::session::{AckMode, SessionRecord};
 use serde::Serialize;
 
+pub use idempotency::{Claim, IdempotencyStore, MemoryIdempotency, RedisIdempotency};
 pub use memory::{MemoryInbox, MemorySessions, MemoryTopics, MemoryTraces};
 
 /// A store could not be reached (or answered nonsense).

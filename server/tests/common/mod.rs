@@ -386,6 +386,22 @@ impl Api {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// A POST with extra headers: status, headers and body.
+    pub async fn post_with(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Value,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut r = self.http.post(format!("{}{path}", self.base)).json(&body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        let r = r.send().await.expect("request");
+        let (status, h) = (r.status().as_u16(), r.headers().clone());
+        (status, h, r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self
             .http

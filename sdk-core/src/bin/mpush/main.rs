@@ -1,8 +1,10 @@
 //! `mpush`: a command-line client for developers and operators.
 //!
 //! Exit codes: 0 success; 1 other failure; 2 the server refused the request
-//! (bad input); 3 the server is unreachable; 4 authentication was refused;
-//! 5 the server could not take an up-push now (retry later).
+//! (bad input), or the push did not happen (the user is offline and nothing
+//! asked to keep it, or the inbox is full); 3 the server is unreachable; 4
+//! authentication was refused; 5 the server could not do it now, retry
+//! later (an up-push, or a store or node it needed is down: 503).
 
 mod webhook;
 
@@ -453,13 +455,19 @@ async fn request(
         println!("{text}");
         return ExitCode::SUCCESS;
     }
+    let offline = text.contains("\"offline\"");
     let detail = serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
         .unwrap_or(text);
     match status.as_u16() {
         401 | 403 => fail(4, &format!("authentication refused: {detail}")),
+        404 if offline => fail(
+            2,
+            &format!("not sent: {detail} (--ttl keeps a push for an offline user)"),
+        ),
         400..=499 => fail(2, &format!("refused ({status}): {detail}")),
+        503 => fail(5, &format!("unavailable, retry later: {detail}")),
         _ => fail(1, &format!("server error ({status}): {detail}")),
     }
 }
