@@ -176,6 +176,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Broadcast copies handed to connections",
     ),
     (
+        "mpush_redis_reasserts_total",
+        Counter,
+        Unit::Count,
+        "Times this node put its registration and routes back into Redis at once (Redis came back, or lost its data)",
+    ),
+    (
+        "mpush_kept_delivered_total",
+        Counter,
+        Unit::Count,
+        "Messages kept in an inbox for a user connected here, handed over when another node announced them",
+    ),
+    (
         "mpush_idempotent_replays_total",
         Counter,
         Unit::Count,

@@ -5,7 +5,14 @@
 //!
 //! Keys: `mp:{n}:node:<id>` (JSON, TTL `node_ttl_secs`, renewed), `mp:{n}:nodes`
 //! (set of ids), channels `mp:events` (join/leave), `mp:broadcast`,
-//! `mp:kick:<nodeId>`; every message is a typed serde struct.
+//! `mp:kick:<nodeId>`, `mp:kept` (messages kept for users who may be online
+//! somewhere); every message is a typed serde struct.
+//!
+//! Shared state is re-asserted as soon as Redis is back, not left for a
+//! timer: the pub/sub connection ends the moment Redis goes away, and when
+//! it is subscribed again the node registers and writes its routes at once
+//! (`Delivery::redis_back`); a registration found missing at a renewal
+//! (Redis lost its data under a live connection) does the same.
 
 pub mod node_auth;
 pub mod peer;
@@ -39,9 +46,23 @@ pub trait Delivery: Send + Sync + 'static {
     async fn broadcast(&self, msg: BroadcastMsg);
     /// A kick for one of this node's connections.
     fn kick(&self, msg: KickMsg);
+    /// Messages kept in users' inboxes while the users may be connected
+    /// to this node (a route that was missing, a node that did not answer):
+    /// hand them to the connections here now.
+    async fn kept(&self, msg: KeptMsg);
+    /// Redis is reachable again after an outage (or lost its data): put
+    /// this node's registration and routes back at once.
+    async fn redis_back(&self);
     /// Open connections (the node's advertised load).
     fn load(&self) -> usize;
     fn draining(&self) -> bool;
+}
+
+/// Messages kept for users who may be online somewhere, as published on
+/// `mp:kept`: `(user id, message id)` pairs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptMsg {
+    pub kept: Vec<(String, u64)>,
 }
 
 /// A broadcast, as published on `mp:broadcast`.
@@ -214,29 +235,31 @@ impl Cluster {
         });
     }
 
-    /// Registers (or renews) this node with its current load.
-    pub async fn register(&self, load: usize, announce: bool) -> bool {
-        let Some(mut me) = self.me.lock().clone() else {
-            return false;
-        };
+    /// Registers (or renews) this node with its current load: `None` when
+    /// Redis did not answer, else whether the registration was still there.
+    pub async fn register(&self, load: usize, announce: bool) -> Option<bool> {
+        let mut me = self.me.lock().clone()?;
         me.load = load;
         let ttl = self.cfg.settings.cluster.node_ttl_secs;
         let mut c = self.redis.conn();
         let mut p = redis::pipe();
         // Both keys share the `{n}` hash tag: one slot, so one pipeline also
         // works on a Redis Cluster. PUBLISH (no key) goes on its own.
-        p.set_ex(node_key(&me.id), me.to_json(), ttl)
+        p.exists(node_key(&me.id))
+            .set_ex(node_key(&me.id), me.to_json(), ttl)
             .ignore()
             .sadd(NODES, &me.id)
             .ignore()
             // Every key has a TTL: the set lives as long as a node renews it.
             .expire(NODES, (ttl * 10) as i64)
             .ignore();
-        let ok = p
-            .query_async::<()>(&mut c)
+        let was_there = p
+            .query_async::<(bool,)>(&mut c)
             .await
             .map_err(|e| warn!(error = %e, "node registration failed"))
-            .is_ok();
+            .ok()
+            .map(|(b,)| b);
+        let ok = was_there.is_some();
         if ok && announce {
             let _: redis::RedisResult<i64> = c
                 .publish(
@@ -245,7 +268,7 @@ impl Cluster {
                 )
                 .await;
         }
-        ok
+        was_there
     }
 
     /// Whether Redis answers (readiness).
@@ -340,6 +363,13 @@ impl Cluster {
         .await
     }
 
+    /// Tells every node about messages kept for users who may be connected
+    /// there.
+    pub async fn publish_kept(&self, msg: &KeptMsg) -> Result<(), redis::RedisError> {
+        self.publish("mp:kept", serde_json::to_string(msg).unwrap_or_default())
+            .await
+    }
+
     /// Sends a kick to the node holding the connection.
     pub async fn publish_kick(&self, node: &str, msg: &KickMsg) -> Result<(), redis::RedisError> {
         self.publish(
@@ -379,45 +409,78 @@ impl Cluster {
                 if node.draining() {
                     return;
                 }
-                let ok = me.register(node.load(), !registered).await;
-                if ok && !registered {
+                let was_there = me.register(node.load(), !registered).await;
+                if was_there.is_some() && !registered {
                     info!(node = %me.node_id, "registered in the cluster");
                 }
-                registered = ok;
+                if registered && was_there == Some(false) {
+                    // Redis answers but forgot this node: it lost its data.
+                    warn!(node = %me.node_id, "registration was gone from Redis: re-asserting routes");
+                    node.redis_back().await;
+                }
+                registered = was_there.is_some();
                 drop(node);
-                tokio::time::sleep(if ok { every } else { Duration::from_secs(1) }).await;
+                tokio::time::sleep(if registered {
+                    every
+                } else {
+                    Duration::from_secs(1)
+                })
+                .await;
             }
         });
         let me = self.clone();
         tokio::spawn(async move {
+            let mut subscribed_before = false;
             loop {
-                if let Err(e) = me.listen(&delivery).await {
-                    warn!(error = %e, "cluster pub/sub lost; resubscribing");
+                let again = subscribed_before;
+                let d = delivery.clone();
+                let id = me.node_id.clone();
+                let on_subscribed = move || {
+                    // Subscribed again after an outage: Redis is back.
+                    if again && let Some(d) = d.upgrade() {
+                        info!(node = %id, "redis is back: re-asserting registration and routes");
+                        tokio::spawn(async move { d.redis_back().await });
+                    }
+                };
+                match me.listen(&delivery, on_subscribed).await {
+                    Ok(subscribed) => subscribed_before |= subscribed,
+                    Err(e) => warn!(error = %e, "cluster pub/sub lost; resubscribing"),
                 }
                 if delivery.upgrade().is_none_or(|d| d.draining()) {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
     }
 
-    async fn listen(&self, delivery: &Weak<dyn Delivery>) -> Result<(), redis::RedisError> {
+    /// Listens until the connection ends; `on_subscribed` is called once
+    /// the subscriptions are in place. `Ok(true)`: it was subscribed.
+    async fn listen(
+        &self,
+        delivery: &Weak<dyn Delivery>,
+        on_subscribed: impl FnOnce(),
+    ) -> Result<bool, redis::RedisError> {
         if let Some(nodes) = self.redis.cluster_nodes() {
-            return self.listen_sharded(nodes, delivery).await;
+            return self
+                .listen_sharded(nodes, delivery, on_subscribed)
+                .await
+                .map(|()| true);
         }
         let mut ps = self.redis.client().get_async_pubsub().await?;
         ps.subscribe("mp:broadcast").await?;
+        ps.subscribe("mp:kept").await?;
         ps.subscribe(format!("mp:kick:{}", self.node_id)).await?;
+        on_subscribed();
         let mut stream = ps.on_message();
         while let Some(msg) = stream.next().await {
             let Some(d) = delivery.upgrade() else {
-                return Ok(());
+                return Ok(true);
             };
             let payload: String = msg.get_payload().unwrap_or_default();
             dispatch(d, msg.get_channel_name(), &payload);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Sharded pub/sub on a Redis Cluster: each channel lives on one shard
@@ -426,6 +489,7 @@ impl Cluster {
         &self,
         nodes: Vec<String>,
         delivery: &Weak<dyn Delivery>,
+        on_subscribed: impl FnOnce(),
     ) -> Result<(), redis::RedisError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
         let t = self.redis.timeout();
@@ -437,7 +501,9 @@ impl Cluster {
             .build()?;
         let mut conn = client.get_async_connection().await?;
         conn.ssubscribe("mp:broadcast").await?;
+        conn.ssubscribe("mp:kept").await?;
         conn.ssubscribe(format!("mp:kick:{}", self.node_id)).await?;
+        on_subscribed();
         while let Some(push) = rx.recv().await {
             if push.kind != redis::PushKind::SMessage {
                 continue;
@@ -462,6 +528,13 @@ fn dispatch(d: Arc<dyn Delivery>, channel: &str, payload: &str) {
         match serde_json::from_str::<BroadcastMsg>(payload) {
             Ok(msg) => {
                 tokio::spawn(async move { d.broadcast(msg).await });
+            }
+            Err(e) => malformed(channel, &e),
+        }
+    } else if channel == "mp:kept" {
+        match serde_json::from_str::<KeptMsg>(payload) {
+            Ok(msg) => {
+                tokio::spawn(async move { d.kept(msg).await });
             }
             Err(e) => malformed(channel, &e),
         }

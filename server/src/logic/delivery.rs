@@ -100,6 +100,8 @@ struct Attempt {
     /// Copies that did not reach a device and wait for the inbox (if the
     /// message may be kept).
     unreached: usize,
+    /// The route table named a device (or a connection is here).
+    routed: bool,
 }
 
 impl Attempt {
@@ -193,6 +195,7 @@ impl Hub {
                 unavailable: false,
                 inbox_full: false,
                 unreached: 0,
+                routed: false,
             };
             let targets = match targets {
                 Ok(t) => t,
@@ -207,6 +210,7 @@ impl Hub {
             if keep_secs > 0 && (spec.ack_mode != AckMode::None || targets.is_empty()) {
                 self.keep(user, &push, spec, &mut a).await;
             }
+            a.routed = !targets.is_empty();
             if targets.is_empty() {
                 self.trace_unrouted(trace_id, user, spec, &a, keep_secs);
             }
@@ -249,8 +253,76 @@ impl Hub {
                 }
             }
         }
+        self.announce_kept(users, message_id, &attempts).await;
         metrics::counter!("mpush_pushes_total").increment(users.len() as u64);
         attempts.into_iter().map(Attempt::finish).collect()
+    }
+
+    /// In cluster mode, a message kept for a user with no route (the table
+    /// may have lost it) or with a device it could not reach is announced to
+    /// every node: one where the user is connected hands it over now,
+    /// without waiting for the user's next bind.
+    async fn announce_kept(&self, users: &[Arc<str>], message_id: u64, attempts: &[Attempt]) {
+        let Some(cl) = &self.cluster else {
+            return;
+        };
+        let kept: Vec<(String, u64)> = users
+            .iter()
+            .zip(attempts)
+            .filter(|(_, a)| a.outcome.stored && (!a.routed || a.unreached > 0))
+            .map(|(u, _)| (u.to_string(), message_id))
+            .collect();
+        for chunk in kept.chunks(1000) {
+            let msg = crate::cluster::KeptMsg {
+                kept: chunk.to_vec(),
+            };
+            if let Err(e) = cl.publish_kept(&msg).await {
+                tracing::warn!(error = %e, "kept messages not announced (they wait for the next bind)");
+            }
+        }
+    }
+
+    /// Messages kept for users connected here (announced by the node that
+    /// kept them): handed to those connections now.
+    pub(super) async fn deliver_kept(&self, msg: crate::cluster::KeptMsg) {
+        for (user, message_id) in msg.kept {
+            let user: Arc<str> = user.into();
+            let local = self.router.local().lookup(&user);
+            if local.is_empty() {
+                continue;
+            }
+            let kept = match self.inbox.list(&user, unix_ms()).await {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(error = %e, %user, "inbox unavailable: a kept message waits for the next bind");
+                    continue;
+                }
+            };
+            let Some(m) = kept.into_iter().find(|m| m.message_id == message_id) else {
+                continue;
+            };
+            let push = Arc::new(OutboundPush {
+                message_id: m.message_id,
+                trace_id: m.trace_id,
+                content: m.content,
+                ack_mode: m.ack_mode,
+                expires_at_ms: u64::try_from(m.expires_at_ms).unwrap_or(0),
+                ack_timeout: None,
+                queued_at: Some(mpush_protocol::Instant::now()),
+            });
+            let mut handed = 0;
+            for h in local {
+                if m.client_type.is_none_or(|ct| ct == h.info.client_type)
+                    && self.hand_over(&h, &user, &push, false)
+                {
+                    handed += 1;
+                }
+            }
+            if handed > 0 && m.ack_mode == AckMode::None {
+                let _ = self.inbox.remove(&user, message_id).await;
+            }
+            metrics::counter!("mpush_kept_delivered_total").increment(handed);
+        }
     }
 
     /// Puts the message in `user`'s inbox; a store that is down or a full

@@ -325,6 +325,49 @@ impl Hub {
         self.shutdown.subscribe()
     }
 
+    /// Puts this node's registration and every route of its connections
+    /// back into Redis (it came back after an outage, or lost its data):
+    /// at once, not at the next refresh.
+    pub async fn reassert(&self) {
+        let Some(cl) = &self.cluster else {
+            return;
+        };
+        if self.is_draining() {
+            return;
+        }
+        // The shared connection may still be reconnecting when the pub/sub
+        // one is back: a few quick tries, not a wait for the next renewal.
+        let (mut registered, mut failed) = (false, usize::MAX);
+        for attempt in 0..20 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if !registered {
+                registered = cl.register(self.connections(), true).await.is_some();
+            }
+            if failed > 0 {
+                failed = self.router.refresh().await;
+            }
+            if registered && failed == 0 {
+                break;
+            }
+        }
+        *self.redis_health.lock() = None;
+        metrics::counter!("mpush_redis_reasserts_total").increment(1);
+        if registered && failed == 0 {
+            tracing::info!(
+                routes = self.bound(),
+                "registration and routes re-asserted in Redis"
+            );
+        } else {
+            tracing::warn!(
+                registered,
+                failed,
+                "re-asserting in Redis failed in part; the renewals will retry"
+            );
+        }
+    }
+
     /// Ready for traffic: not draining, and the Redis it needs answers.
     /// `/readyz` is open without a token: Redis is asked at most once a
     /// second, within the cluster timeout, whatever the probe rate.
@@ -447,6 +490,14 @@ impl Delivery for Hub {
 
     fn kick(&self, msg: KickMsg) {
         self.kick_here(&msg);
+    }
+
+    async fn kept(&self, msg: crate::cluster::KeptMsg) {
+        self.deliver_kept(msg).await;
+    }
+
+    async fn redis_back(&self) {
+        self.reassert().await;
     }
 
     fn load(&self) -> usize {
