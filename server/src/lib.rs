@@ -42,6 +42,8 @@ pub struct Running {
     pub tcp: SocketAddr,
     pub ws: Option<SocketAddr>,
     pub http: SocketAddr,
+    /// The node-to-node port (cluster mode).
+    pub internal: Option<SocketAddr>,
     pub hub: Arc<Hub>,
     tasks: Vec<JoinHandle<()>>,
     http_stop: tokio::sync::watch::Sender<bool>,
@@ -74,6 +76,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         http: http.local_addr()?,
     };
     let mut tasks = Vec::new();
+    let mut internal_addr = None;
     let hub = if cfg.settings.cluster.redis.is_empty() {
         Hub::in_memory(cfg.clone(), listeners)
     } else {
@@ -84,6 +87,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         let internal = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the node port {addr}"))?;
+        internal_addr = Some(internal.local_addr()?);
         cluster.set_addresses(
             listeners.tcp,
             listeners.ws,
@@ -155,6 +159,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         tcp: listeners.tcp,
         ws: listeners.ws,
         http: listeners.http,
+        internal: internal_addr,
         hub,
         tasks,
         http_stop,

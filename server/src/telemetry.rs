@@ -176,6 +176,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Broadcast copies handed to connections",
     ),
     (
+        "mpush_node_port_silent_total",
+        Counter,
+        Unit::Count,
+        "Connections to the node port, counted when they arrive (before they say anything)",
+    ),
+    (
+        "mpush_node_port_evicted_total",
+        Counter,
+        Unit::Count,
+        "Node-port connections closed while silent to make room for new ones (a full queue: strangers holding sockets)",
+    ),
+    (
         "mpush_redis_reasserts_total",
         Counter,
         Unit::Count,

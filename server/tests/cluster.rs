@@ -1195,3 +1195,63 @@ async fn a_hostile_condition_stops_no_node() {
         node.shutdown().await;
     }
 }
+
+/// A stranger holds hundreds of idle sockets on a node's port (reopening
+/// each one the node closes). Before: the port's slots filled, a peer that
+/// had to connect was turned away, the user's route was deleted on a guess
+/// and every push answered 200 with nothing dispatched. Now strangers wait
+/// in a bounded queue of their own (the oldest closed first, one second
+/// each), and every push reaches the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stranger_holding_node_port_sockets_loses_no_push() {
+    let redis = Redis::start(free_port()).await;
+    let n = [
+        start(node_settings(&redis.url(), "A")).await,
+        start(node_settings(&redis.url(), "B")).await,
+    ];
+    wait_for_nodes(&Api::new(&n[0]), 2).await;
+    let port_b = n[1].internal.expect("B's node port");
+    let mut on_b = on(&n[1], "flo", "flo-1", "android", "").await;
+    // The flood, before A has ever connected to B, from another address
+    // (a stranger's host: 127.0.0.2 on loopback).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut holders = Vec::new();
+    for _ in 0..400 {
+        let stop = stop.clone();
+        holders.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                socket
+                    .bind("127.0.0.2:0".parse().expect("addr"))
+                    .expect("bind 127.0.0.2");
+                if let Ok(mut s) = socket.connect(port_b).await {
+                    // Hold it until the node closes it, saying nothing.
+                    let mut buf = [0u8; 64];
+                    use tokio::io::AsyncReadExt;
+                    while let Ok(k) = s.read(&mut buf).await {
+                        if k == 0 || stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let api_a = Api::new(&n[0]);
+    for k in 0..30 {
+        let text = format!("through the flood {k}");
+        let (st, r) = api_a
+            .post("/api/v1/push", json!({"userId": "flo", "content": text}))
+            .await;
+        assert_eq!((st, &r["dispatched"]), (200, &json!(1)), "push {k}: {r}");
+        on_b.message(&text).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in holders {
+        h.abort();
+    }
+    for node in n {
+        node.shutdown().await;
+    }
+}

@@ -39,28 +39,44 @@ fn refused(why: &str) -> std::io::Error {
 /// The accepting side; `Err` means close the connection.
 pub async fn accept(stream: &mut TcpStream, secret: &str, limit: Duration) -> std::io::Result<()> {
     let run = async {
-        let a = nonce();
-        let mut hello = Vec::with_capacity(36);
-        hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&a);
-        stream.write_all(&hello).await?;
-        let mut answer = [0u8; 4 + 32 + 32];
-        stream.read_exact(&mut answer).await?;
-        if &answer[..4] != MAGIC {
-            return Err(refused("not a node"));
-        }
-        let c: [u8; 32] = answer[4..36].try_into().expect("32 bytes");
-        let want = mac(secret, b"mpush node c", &a, &c);
-        if !mpush_protocol::crypto::verify_mac(&want, &answer[36..]) {
-            return Err(refused("wrong node secret"));
-        }
-        stream
-            .write_all(&mac(secret, b"mpush node a", &a, &c))
-            .await
+        let a = hello(stream).await?;
+        answer(stream, secret, &a).await
     };
     tokio::time::timeout(limit, run)
         .await
-        .map_err(|_| refused("node authentication timed out"))?
+        .map_err(|_| timed_out())?
+}
+
+/// The acceptor's first step: its nonce, which the peer answers.
+pub async fn hello(stream: &mut TcpStream) -> std::io::Result<[u8; 32]> {
+    let a = nonce();
+    let mut hello = Vec::with_capacity(36);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&a);
+    stream.write_all(&hello).await?;
+    Ok(a)
+}
+
+/// The acceptor's second step: the peer's answer checked, its proof sent.
+pub async fn answer(stream: &mut TcpStream, secret: &str, a: &[u8; 32]) -> std::io::Result<()> {
+    let mut answer = [0u8; 4 + 32 + 32];
+    stream.read_exact(&mut answer).await?;
+    if &answer[..4] != MAGIC {
+        return Err(refused("not a node"));
+    }
+    let c: [u8; 32] = answer[4..36].try_into().expect("32 bytes");
+    let want = mac(secret, b"mpush node c", a, &c);
+    if !mpush_protocol::crypto::verify_mac(&want, &answer[36..]) {
+        return Err(refused("wrong node secret"));
+    }
+    stream.write_all(&mac(secret, b"mpush node a", a, &c)).await
+}
+
+fn timed_out() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "node authentication timed out",
+    )
 }
 
 /// The connecting side; `Err` means the peer is not one of ours.
@@ -87,5 +103,5 @@ pub async fn connect(stream: &mut TcpStream, secret: &str, limit: Duration) -> s
     };
     tokio::time::timeout(limit, run)
         .await
-        .map_err(|_| refused("node authentication timed out"))?
+        .map_err(|_| timed_out())?
 }

@@ -5,7 +5,6 @@
 //! forward. `serve` is the receiving side.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -99,16 +98,46 @@ async fn run_peer(
     timeout: Duration,
 ) {
     let unreachable = |why: String| ForwardError::Unreachable(node.clone(), why);
-    let mut stream = match tokio::time::timeout(timeout, TcpStream::connect(&addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return fail_all(&mut rx, unreachable(e.to_string())),
-        Err(_) => return fail_all(&mut rx, unreachable("connect timed out".into())),
-    };
-    let _ = stream.set_nodelay(true);
-    if let Err(e) = super::node_auth::connect(&mut stream, &secret, timeout).await {
-        warn!(%node, %addr, error = %e, "node authentication failed");
-        return fail_all(&mut rx, unreachable(e.to_string()));
+    // A connection the peer closed before authenticating (its port busy
+    // with strangers) is tried again, within the forward's timeout.
+    let until = tokio::time::Instant::now() + timeout;
+    let mut last = String::new();
+    let mut connected = None;
+    while connected.is_none() && tokio::time::Instant::now() < until {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, TcpStream::connect(&addr)).await {
+            Ok(Ok(mut s)) => {
+                let _ = s.set_nodelay(true);
+                match super::node_auth::connect(&mut s, &secret, left).await {
+                    Ok(()) => connected = Some(s),
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                        warn!(%node, %addr, error = %e, "node authentication failed");
+                        return fail_all(&mut rx, unreachable(e.to_string()));
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            // Nothing listens: the node is down, no use trying again.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return fail_all(&mut rx, unreachable(e.to_string()));
+            }
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "connect timed out".into(),
+        }
+        if connected.is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
+    let Some(mut stream) = connected else {
+        return fail_all(
+            &mut rx,
+            unreachable(if last.is_empty() {
+                "timed out".into()
+            } else {
+                last
+            }),
+        );
+    };
     let mut pending: HashMap<i32, Reply> = HashMap::new();
     let mut next_id: i32 = 1;
     let mut inbuf = BytesMut::with_capacity(4096);
@@ -167,7 +196,81 @@ fn fail_pending(
     fail_all(rx, e);
 }
 
+/// Connections that have said nothing yet, at most: from one address, and
+/// in all. Over either, the oldest of them (of that address) is closed.
+const SILENT_PER_IP: usize = 16;
+const SILENT_MAX: usize = 256;
+/// Connections answering the challenge at once (a byte arrived; they have
+/// the rest of the deadline to finish), and authenticated peers.
+const ANSWERING_MAX: usize = 64;
+const PEERS_MAX: usize = 256;
+/// The longest a connection may take to authenticate.
+const AUTH_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Connections that have not answered the challenge: per address, in
+/// arrival order, so that the oldest can be closed to make room. A peer
+/// answers within a round trip and leaves this queue at its first byte: a
+/// stranger holding silent sockets only ever evicts its own.
+#[derive(Default)]
+struct Silent {
+    next: u64,
+    per_ip: HashMap<std::net::IpAddr, usize>,
+    order: std::collections::VecDeque<(u64, std::net::IpAddr, Arc<tokio::sync::Notify>)>,
+}
+
+impl Silent {
+    /// Admits a connection from `ip`, closing the oldest silent one of that
+    /// address (or of all) when a bound is reached.
+    fn admit(&mut self, ip: std::net::IpAddr) -> (u64, Arc<tokio::sync::Notify>) {
+        if self.per_ip.get(&ip).copied().unwrap_or(0) >= SILENT_PER_IP {
+            self.evict(|x| x == ip);
+        } else if self.order.len() >= SILENT_MAX {
+            self.evict(|_| true);
+        }
+        self.next += 1;
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.order.push_back((self.next, ip, notify.clone()));
+        *self.per_ip.entry(ip).or_default() += 1;
+        metrics::counter!("mpush_node_port_silent_total").increment(1);
+        (self.next, notify)
+    }
+
+    fn evict(&mut self, which: impl Fn(std::net::IpAddr) -> bool) {
+        if let Some(i) = self.order.iter().position(|(_, ip, _)| which(*ip))
+            && let Some((_, ip, notify)) = self.order.remove(i)
+        {
+            notify.notify_one();
+            self.release(ip);
+            metrics::counter!("mpush_node_port_evicted_total").increment(1);
+        }
+    }
+
+    /// The connection `id` spoke, failed or closed (an evicted one is gone
+    /// already).
+    fn done(&mut self, id: u64) {
+        if let Some(i) = self.order.iter().position(|(x, ..)| *x == id)
+            && let Some((_, ip, _)) = self.order.remove(i)
+        {
+            self.release(ip);
+        }
+    }
+
+    fn release(&mut self, ip: std::net::IpAddr) {
+        if let Some(n) = self.per_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_ip.remove(&ip);
+            }
+        }
+    }
+}
+
 /// The node-to-node port: authenticated peers' batches in, results out.
+/// Strangers cannot crowd peers out: a connection that has not proved the
+/// cluster secret gets one second; while it says nothing it sits in a
+/// bounded queue (per address and in all) whose oldest is closed to make
+/// room; answering connections and authenticated peers have budgets of
+/// their own.
 pub async fn serve(
     listener: TcpListener,
     delivery: Weak<dyn Delivery>,
@@ -176,10 +279,11 @@ pub async fn serve(
     max_packet: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // Peers hold one pipelined connection each; this bounds what a stranger
-    // can open before failing to authenticate.
-    let peers = Arc::new(tokio::sync::Semaphore::new(256));
+    let peers = Arc::new(tokio::sync::Semaphore::new(PEERS_MAX));
+    let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING_MAX));
+    let silent = Arc::new(Mutex::new(Silent::default()));
     let secret: Arc<str> = secret.into();
+    let deadline = timeout.min(AUTH_DEADLINE);
     loop {
         let accepted = tokio::select! {
             _ = shutdown.changed() => return,
@@ -189,33 +293,61 @@ pub async fn serve(
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
-        let Ok(permit) = peers.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
+        let (id, evicted) = silent.lock().admit(peer.ip());
         let _ = stream.set_nodelay(true);
         let (delivery, secret) = (delivery.clone(), secret.clone());
+        let (peers, answering, silent) = (peers.clone(), answering.clone(), silent.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            serve_peer(stream, peer, delivery, &secret, timeout, max_packet).await;
+            let auth = tokio::time::timeout(deadline, async {
+                let mut stream = stream;
+                let a = super::node_auth::hello(&mut stream).await?;
+                // Silent, it may be closed to make room; once it speaks,
+                // it has the rest of the deadline (within a bounded number).
+                tokio::select! {
+                    r = stream.readable() => r?,
+                    _ = evicted.notified() => return Err(std::io::Error::other("closed to make room")),
+                }
+                let permit = match answering.clone().try_acquire_owned() {
+                    Ok(p) => {
+                        silent.lock().done(id);
+                        Some(p)
+                    }
+                    Err(_) => None,
+                };
+                tokio::select! {
+                    r = super::node_auth::answer(&mut stream, &secret, &a) => r?,
+                    _ = evicted.notified(), if permit.is_none() => {
+                        return Err(std::io::Error::other("closed to make room"));
+                    }
+                }
+                drop(permit);
+                Ok(stream)
+            })
+            .await;
+            silent.lock().done(id);
+            let stream = match auth {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    metrics::counter!("mpush_node_auth_refused_total").increment(1);
+                    tracing::debug!(%peer, error = %e, "node port: connection refused");
+                    return;
+                }
+                Err(_) => {
+                    metrics::counter!("mpush_node_auth_refused_total").increment(1);
+                    return;
+                }
+            };
+            let Ok(_permit) = peers.try_acquire_owned() else {
+                warn!(%peer, "node port: {PEERS_MAX} peers connected already");
+                return;
+            };
+            serve_peer(stream, delivery, max_packet).await;
         });
     }
 }
 
-async fn serve_peer(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    delivery: Weak<dyn Delivery>,
-    secret: &str,
-    timeout: Duration,
-    max_packet: usize,
-) {
-    // Authenticated before a single push is read.
-    if let Err(e) = super::node_auth::accept(&mut stream, secret, timeout).await {
-        metrics::counter!("mpush_node_auth_refused_total").increment(1);
-        warn!(%peer, error = %e, "node port: peer refused");
-        return;
-    }
+/// An authenticated peer's batches, answered in order.
+async fn serve_peer(mut stream: TcpStream, delivery: Weak<dyn Delivery>, max_packet: usize) {
     let decoder = Decoder::new(max_packet);
     let mut inbuf = BytesMut::with_capacity(4096);
     loop {
