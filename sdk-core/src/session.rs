@@ -443,7 +443,9 @@ enum Outbound {
 }
 
 /// An up-push until the server accepted it: sent again, with the same
-/// message id, after a reconnect.
+/// message id, after a reconnect, and after a "retry later" or no answer
+/// (so the backend, which gets the same event id each time, can drop a
+/// copy that was handed on although the answer did not say so).
 #[derive(Clone)]
 struct UpPush {
     request: u64,
@@ -451,7 +453,14 @@ struct UpPush {
     content: Bytes,
     ack_mode: AckMode,
     timeout: Duration,
+    /// Sends so far that were refused for now or not answered.
+    retries: u32,
 }
+
+/// Up-pushes refused with "retry later" (or not answered) are sent again
+/// this many times, waiting 1, 2, 4 ... s, before `push` fails with
+/// `retry_later`.
+const UP_PUSH_RETRIES: u32 = 4;
 
 enum Link {
     /// Waiting to (re)connect at this time.
@@ -499,6 +508,8 @@ pub struct Session {
     /// Up-pushes sent and waiting for the server's answer, by connection
     /// request id; queued again if the connection drops first.
     requests: SmallMap<i32, UpPush>,
+    /// Up-pushes to send again (same message id) at a time.
+    retry: VecDeque<(Instant, UpPush)>,
     /// Open ACK handles: ack id → (connection generation, token).
     /// Bounded by `dedup_capacity` (oldest out): an app that never
     /// acknowledges cannot grow it without end; the server resends those.
@@ -559,6 +570,7 @@ impl Session {
             outbound: VecDeque::new(),
             next_request: 1,
             requests: SmallMap::new(),
+            retry: VecDeque::new(),
             acks: SmallMap::new(),
             next_ack: 1,
             generation: 0,
@@ -595,12 +607,17 @@ impl Session {
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match &self.link {
+        let link = match &self.link {
             Link::Waiting { .. } if self.is_paused() => None,
             Link::Waiting { at } => Some(*at),
             Link::Opening { deadline, .. } => Some(*deadline),
             Link::Connected { conn, .. } => conn.poll_timeout(),
             Link::Fetching | Link::Stopped => None,
+        };
+        let retry = self.retry.iter().map(|(at, _)| *at).min();
+        match (link, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -680,6 +697,7 @@ impl Session {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.due_retries(now);
         let paused = self.is_paused();
         match &mut self.link {
             Link::Waiting { at } if *at <= now && !paused => self.connect(now),
@@ -818,7 +836,7 @@ impl Session {
         now: Instant,
     ) -> Result<u64, SessionError> {
         self.alive()?;
-        let held = self.outbound.len() + self.requests.len();
+        let held = self.outbound.len() + self.requests.len() + self.retry.len();
         if held >= self.config.outbound_capacity {
             return Err(SessionError::QueueFull(held));
         }
@@ -829,6 +847,7 @@ impl Session {
             content: Bytes::copy_from_slice(content),
             ack_mode,
             timeout: Duration::from_secs(10),
+            retries: 0,
         });
         if self.is_connected() {
             self.send_outbound(item, now);
@@ -890,6 +909,7 @@ impl Session {
         });
         let mut open: Vec<u64> = std::mem::take(&mut self.binds);
         open.extend(self.requests.drain().map(|(_, p)| p.request));
+        open.extend(self.retry.drain(..).map(|(_, p)| p.request));
         open.extend(self.outbound.drain(..).filter_map(|o| match o {
             Outbound::Push(p) => Some(p.request),
             Outbound::Ack(_) => None,
@@ -995,6 +1015,38 @@ impl Session {
             self.outbound.push_front(Outbound::Push(p));
         }
         self.link = Link::Stopped;
+    }
+
+    /// An up-push refused for now (or not answered): sent again later with
+    /// its message id, or failed with `retry_later` after the last try.
+    fn retry_up_push(&mut self, mut p: UpPush, reason: String, now: Instant) {
+        // mpush 0.8.1's profile carries no message id: a copy sent again is
+        // a new event to the backend, so the app decides.
+        let v2 =
+            matches!(&self.link, Link::Connected { conn, .. } if conn.profile() == Profile::V2);
+        if p.retries >= UP_PUSH_RETRIES || !v2 {
+            self.settle(p.request, Err(SessionError::RetryLater(reason)));
+            return;
+        }
+        let wait = Duration::from_secs(1 << p.retries.min(5));
+        p.retries += 1;
+        self.retry.push_back((now + wait, p));
+    }
+
+    /// Up-pushes whose wait is over: sent now, or queued for the next
+    /// connection.
+    fn due_retries(&mut self, now: Instant) {
+        while let Some(i) = self.retry.iter().position(|(at, _)| *at <= now) {
+            let Some((_, p)) = self.retry.remove(i) else {
+                break;
+            };
+            if self.is_connected() {
+                self.send_outbound(Outbound::Push(p), now);
+            } else {
+                self.outbound.push_front(Outbound::Push(p));
+            }
+        }
+        self.pump(now);
     }
 
     fn send_outbound(&mut self, item: Outbound, now: Instant) {
@@ -1114,9 +1166,7 @@ impl Session {
             }
             ClientEvent::PushTimedOut { request } => {
                 if let Some(p) = self.requests.remove(&request) {
-                    let error =
-                        SessionError::RetryLater("no answer from the server in time".into());
-                    self.settle(p.request, Err(error));
+                    self.retry_up_push(p, "no answer from the server in time".into(), now);
                 }
             }
             ClientEvent::PushRefused {
@@ -1125,12 +1175,11 @@ impl Session {
                 reason,
             } => {
                 if let Some(p) = self.requests.remove(&request) {
-                    let error = if code == ErrorCode::RETRY_LATER {
-                        SessionError::RetryLater(reason)
+                    if code == ErrorCode::RETRY_LATER {
+                        self.retry_up_push(p, reason, now);
                     } else {
-                        SessionError::PushRejected(reason)
-                    };
-                    self.settle(p.request, Err(error));
+                        self.settle(p.request, Err(SessionError::PushRejected(reason)));
+                    }
                 }
             }
             ClientEvent::Kicked { device_id, user_id } => {

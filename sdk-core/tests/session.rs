@@ -372,7 +372,9 @@ fn a_refused_up_push_fails_retryable_and_the_connection_stays() {
         .push(b"busy now", AckMode::Auto, now)
         .expect("sent");
     n.pump();
-    n.advance(Duration::from_secs(1));
+    // "Retry later": sent again with its message id, waiting 1, 2, 4, 8 s,
+    // then failed (retryable) for the app to decide.
+    n.advance(Duration::from_secs(20));
     let error = n
         .events
         .iter()
@@ -387,6 +389,12 @@ fn a_refused_up_push_fails_retryable_and_the_connection_stays() {
     assert_eq!(error, SessionError::RetryLater("sinks full".into()));
     assert!(error.retryable());
     assert_eq!(error.code(), "retry_later");
+    let ids = up_ids(&n);
+    assert_eq!(ids.len(), 5, "the first send and four more: {ids:?}");
+    assert!(
+        ids.iter().all(|id| id.is_some() && *id == ids[0]),
+        "one message id for every send (the backend's event id): {ids:?}"
+    );
     let now = n.now;
     let r2 = n.session.push(b"fine", AckMode::Auto, now).expect("sent");
     n.pump();

@@ -37,7 +37,14 @@ struct Item {
     event: Bytes,
     /// Fired once the event was handed on (synchronous acceptance).
     done: Option<oneshot::Sender<()>>,
+    /// For a submitted event: whether a worker took it or the submitter
+    /// withdrew it (a refused event is not handed on later).
+    claim: Option<Arc<std::sync::atomic::AtomicU8>>,
 }
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
 
 /// A sink's bounded queue; its workers run until the `Sinks` is dropped.
 struct Queue {
@@ -111,15 +118,24 @@ impl Queue {
         self.tx.max_capacity() - self.tx.capacity() + self.in_flight.load(Ordering::Relaxed)
     }
 
-    fn offer(&self, event: Bytes, done: Option<oneshot::Sender<()>>) -> Result<(), Bytes> {
-        self.tx.try_send(Item { event, done }).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => i.event,
-        })
+    fn offer(
+        &self,
+        event: Bytes,
+        done: Option<oneshot::Sender<()>>,
+        claim: Option<Arc<std::sync::atomic::AtomicU8>>,
+    ) -> Result<(), Bytes> {
+        self.tx
+            .try_send(Item { event, done, claim })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => {
+                    i.event
+                }
+            })
     }
 
     /// Best effort: a full queue counts the event as dropped (and says so).
     fn notify(&self, kind: SinkEvent, event: Bytes) {
-        if self.offer(event, None).is_err() {
+        if self.offer(event, None, None).is_err() {
             metrics::counter!("mpush_sink_events_dropped_total", "sink" => self.name.to_string(), "kind" => kind_name(kind)).increment(1);
             if self
                 .dropped
@@ -145,6 +161,18 @@ impl Worker {
             };
             if n == 0 {
                 return;
+            }
+            // Events their submitter withdrew (refused to the client) are
+            // not handed on.
+            buf.retain(|i| {
+                i.claim.as_ref().is_none_or(|c| {
+                    c.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                })
+            });
+            let n = buf.len();
+            if n == 0 {
+                continue;
             }
             self.in_flight.fetch_add(n, Ordering::Relaxed);
             let events: Vec<Bytes> = buf.iter().map(|i| i.event.clone()).collect();
@@ -300,7 +328,16 @@ impl Sinks {
     /// again, and the backend deduplicates by the event's id.
     pub async fn submit(&self, kind: SinkEvent, event: Bytes) -> Result<(), Refusal> {
         let mut waits = Vec::new();
+        let mut claims = Vec::new();
         let mut any = false;
+        let withdraw = |claims: &[Arc<std::sync::atomic::AtomicU8>]| {
+            // What no worker took yet is withdrawn: a refused event is not
+            // handed on later (what was taken carries the same id when the
+            // client sends it again).
+            for c in claims {
+                let _ = c.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
+            }
+        };
         for q in self.queues.iter().filter(|q| q.takes(kind)) {
             any = true;
             let (done, wait) = if q.sync {
@@ -309,11 +346,14 @@ impl Sinks {
             } else {
                 (None, None)
             };
-            if q.offer(event.clone(), done).is_err() {
+            let claim = Arc::new(std::sync::atomic::AtomicU8::new(QUEUED));
+            if q.offer(event.clone(), done, Some(claim.clone())).is_err() {
                 metrics::counter!("mpush_sink_refused_total", "sink" => q.name.to_string())
                     .increment(1);
+                withdraw(&claims);
                 return Err(Refusal::Busy(format!("{} is full", q.name)));
             }
+            claims.push(claim);
             if let Some(w) = wait {
                 waits.push((q.name.clone(), w));
             }
@@ -325,10 +365,14 @@ impl Sinks {
         for (name, w) in waits {
             match tokio::time::timeout_at(deadline, w).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(Refusal::Busy(format!("{name} stopped"))),
+                Ok(Err(_)) => {
+                    withdraw(&claims);
+                    return Err(Refusal::Busy(format!("{name} stopped")));
+                }
                 Err(_) => {
                     metrics::counter!("mpush_sink_refused_total", "sink" => name.to_string())
                         .increment(1);
+                    withdraw(&claims);
                     return Err(Refusal::Busy(format!("{name} did not accept in time")));
                 }
             }
