@@ -18,7 +18,7 @@ use mpush_protocol::client::ClientEvent;
 use mpush_protocol::message::ErrorCode;
 use mpush_sdk_core::native::{Client, ClientOptions};
 use mpush_sdk_core::session::SessionConfig;
-use mpush_sdk_core::{SessionError, SessionEvent};
+use mpush_sdk_core::SessionEvent;
 use mpush_server::config::{SinkEvent, StreamSink, Webhook, WebhookMode};
 use mpush_server::{Running, Settings};
 use parking_lot::Mutex;
