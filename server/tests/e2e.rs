@@ -793,8 +793,22 @@ async fn a_message_without_ack_sent_online_is_not_kept_for_later() {
             json!({"userId": "kim", "content": "once", "ttlSeconds": 60}),
         )
         .await;
-    assert_eq!(r["stored"], false, "{r}");
+    // Kept until a connection wrote it (a node that died first would not
+    // lose it), then out of the inbox: not replayed at the next bind.
+    assert_eq!(
+        (&r["stored"], &r["dispatched"]),
+        (&json!(true), &json!(1)),
+        "{r}"
+    );
     c.message("once").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while api.get("/api/v1/users/kim").await.1["inbox"] != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left the inbox once written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     c.close();
     let mut again = bound(&server, Via::Tcp, true, device("k-1", "android"), "kim", "").await;
     again.settle(Duration::from_millis(200)).await;

@@ -36,7 +36,10 @@ struct Driver<T: Transport> {
     /// Traces of the pushes queued in the machine since the last write (and
     /// when the server accepted each): they are DELIVERED once that write
     /// succeeds.
-    unwritten: Vec<(Arc<str>, Option<Instant>)>,
+    /// Pushes handed to the machine and not yet written: their trace, when
+    /// they were queued, and the message id of a copy kept in the inbox
+    /// until it is written (a TTL push without an ACK mode).
+    unwritten: Vec<(Arc<str>, Option<Instant>, Option<u64>)>,
     draining: bool,
     /// Up-pushes refused for this connection's or user's rate in a row.
     rate_refusals: u32,
@@ -200,8 +203,10 @@ impl<T: Transport> Driver<T> {
     fn push(&mut self, p: OutboundPush) {
         let trace_id = p.trace_id.clone();
         let queued_at = p.queued_at;
+        let kept = (p.ack_mode == mpush_protocol::session::AckMode::None && p.expires_at_ms > 0)
+            .then_some(p.message_id);
         match self.machine.push(p, Instant::now()) {
-            Ok(_) => self.unwritten.push((trace_id, queued_at)),
+            Ok(_) => self.unwritten.push((trace_id, queued_at, kept)),
             // Already in flight here (an inbox replay of a push under way).
             Err(PushError::Duplicate(_)) => {}
             Err(e) => {
@@ -230,12 +235,13 @@ impl<T: Transport> Driver<T> {
             }
             if !self.unwritten.is_empty() {
                 let written = std::mem::take(&mut self.unwritten);
-                for at in written.iter().filter_map(|(_, at)| *at) {
+                for at in written.iter().filter_map(|(_, at, _)| *at) {
                     write_delay().record(at.elapsed().as_secs_f64());
                 }
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    let traces: Vec<Arc<str>> = written.into_iter().map(|(t, _)| t).collect();
-                    self.gw.hub.settle_written(user, info, &traces);
+                    let kept: Vec<u64> = written.iter().filter_map(|(.., k)| *k).collect();
+                    let traces: Vec<Arc<str>> = written.into_iter().map(|(t, ..)| t).collect();
+                    self.gw.hub.settle_written(user, info, &traces, &kept).await;
                 }
             }
             if !busy {

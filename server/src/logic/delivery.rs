@@ -205,9 +205,11 @@ impl Hub {
                     Vec::new()
                 }
             };
-            // Kept first when it must be (ACK mode), or when there is no
-            // device to hand it to.
-            if keep_secs > 0 && (spec.ack_mode != AckMode::None || targets.is_empty()) {
+            // Kept first, whenever it may be kept: until a device acknowledges
+            // it (ACK mode), or until one of the user's connections has
+            // written it (a TTL without one): a node or connection that
+            // fails after taking it does not lose it.
+            if keep_secs > 0 {
                 self.keep(user, &push, spec, &mut a).await;
             }
             a.routed = !targets.is_empty();
@@ -318,9 +320,8 @@ impl Hub {
                     handed += 1;
                 }
             }
-            if handed > 0 && m.ack_mode == AckMode::None {
-                let _ = self.inbox.remove(&user, message_id).await;
-            }
+            // It leaves the inbox when a connection wrote it (or a device
+            // acknowledged it), not before.
             metrics::counter!("mpush_kept_delivered_total").increment(handed);
         }
     }
@@ -700,10 +701,24 @@ impl Hub {
 
     // ----- outcomes, from the connection that holds the push ----------
 
-    /// Pushes written to the socket.
-    pub fn settle_written(&self, user: &Arc<str>, info: &ConnInfo, traces: &[Arc<str>]) {
+    /// Pushes written to the socket; `kept`: copies of them (TTL pushes
+    /// without an ACK mode) that waited in the inbox until now.
+    pub async fn settle_written(
+        &self,
+        user: &Arc<str>,
+        info: &ConnInfo,
+        traces: &[Arc<str>],
+        kept: &[u64],
+    ) {
         for t in traces {
             self.tracer.conn(t, user, info, TraceState::Delivered, None);
+        }
+        for id in kept {
+            if let Err(e) = self.inbox.remove(user, *id).await {
+                // It stays: the next bind gets it again (the device's
+                // dedup window keeps it to one message for the app).
+                tracing::warn!(error = %e, %user, "a written message stays in the inbox");
+            }
         }
     }
 
@@ -822,7 +837,7 @@ impl Hub {
     }
 
     /// Messages waiting for `user` that a connection of `client_type` may
-    /// get, as pushes (ACK-less ones leave the inbox now).
+    /// get, as pushes (they leave the inbox once written, or acknowledged).
     pub async fn replay_inbox(&self, user: &Arc<str>, info: &ConnInfo) -> Vec<OutboundPush> {
         let kept = match self.inbox.list(user, unix_ms()).await {
             Ok(k) => k,
@@ -835,9 +850,6 @@ impl Hub {
         for m in kept {
             if m.client_type.is_some_and(|ct| ct != info.client_type) {
                 continue;
-            }
-            if m.ack_mode == AckMode::None {
-                let _ = self.inbox.remove(user, m.message_id).await;
             }
             self.tracer.conn(
                 &m.trace_id,
