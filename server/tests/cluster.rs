@@ -300,6 +300,53 @@ async fn a_kept_message_reaches_a_user_connected_elsewhere_without_a_new_bind() 
     }
 }
 
+/// A message kept while a node was not listening (its announcement lost,
+/// as in the instants after a Redis restart) reaches the user's connection
+/// when the node's subscription comes back, without a new bind.
+#[tokio::test]
+async fn a_kept_message_announced_while_a_node_was_not_listening_is_found() {
+    use base64::Engine as _;
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let api_a = Api::new(&n[0]);
+    let mut on_b = on(&n[1], "swp", "swp-1", "android", "").await;
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + 600_000;
+    let stored = json!({
+        "id": 4_000_000_001u64, "trace": "sweep-trace",
+        "content": base64::engine::general_purpose::STANDARD.encode("swept"),
+        "ack": 0, "ct": null, "exp": exp,
+    })
+    .to_string();
+    redis.query(&["RPUSH", "mp:inbox:swp", &stored]).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), on_b.message("swept"))
+            .await
+            .is_err(),
+        "nothing announced it yet"
+    );
+    // Every node's subscription ends, as when Redis goes away and comes back.
+    redis.query(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    tokio::time::timeout(Duration::from_secs(5), on_b.message("swept"))
+        .await
+        .expect("the node found it when it listened again");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, u) = api_a.get("/api/v1/users/swp").await;
+        if u["inbox"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{u}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for node in n {
+        node.shutdown().await;
+    }
+}
+
 /// A node as its own process, to be killed with SIGKILL.
 struct NodeProcess {
     child: Child,

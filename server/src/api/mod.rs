@@ -78,7 +78,8 @@ pub fn router(state: ApiState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), same_site))
         // A span per request (method, path, version) that every log line of
         // the request carries; the response (status, latency) at DEBUG, and
-        // server errors at ERROR.
+        // 5xx answers at WARN (a 503 while a store is down is an answer the
+        // caller acts on; its cause is logged once where it happens).
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(
@@ -86,7 +87,8 @@ pub fn router(state: ApiState) -> Router {
                 )
                 .on_response(
                     tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
-                ),
+                )
+                .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::WARN)),
         )
         .with_state(state)
 }

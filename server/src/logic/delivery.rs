@@ -289,20 +289,61 @@ impl Hub {
     pub(super) async fn deliver_kept(&self, msg: crate::cluster::KeptMsg) {
         for (user, message_id) in msg.kept {
             let user: Arc<str> = user.into();
-            let local = self.router.local().lookup(&user);
-            if local.is_empty() {
+            self.hand_kept(&user, Some(message_id)).await;
+        }
+    }
+
+    /// Everything kept for the users connected here, handed to their
+    /// connections: after Redis came back, the announcements made while
+    /// this node's subscription was down are lost, and this finds what they
+    /// named (a message already in flight on a connection is not sent twice;
+    /// a device drops a copy it has seen by its message id). Bounded: a few
+    /// users at a time, one inbox read each.
+    pub async fn sweep_kept(&self) -> u64 {
+        use futures_util::StreamExt;
+        let users: Vec<Arc<str>> = {
+            let mut seen = std::collections::HashSet::new();
+            self.router
+                .local()
+                .snapshot()
+                .into_iter()
+                .filter_map(|(u, _)| seen.insert(u.clone()).then_some(u))
+                .collect()
+        };
+        let handed: u64 = futures_util::stream::iter(users)
+            .map(|u| async move { self.hand_kept(&u, None).await })
+            .buffer_unordered(32)
+            .fold(0u64, |a, n| async move { a + n })
+            .await;
+        if handed > 0 {
+            tracing::info!(
+                handed,
+                "kept messages handed to connections after Redis came back"
+            );
+        }
+        handed
+    }
+
+    /// Hands `user`'s kept messages (one, or all) to the user's connections
+    /// here; it leaves the inbox when a connection wrote it (or a device
+    /// acknowledged it), not before. Returns how many copies were handed.
+    async fn hand_kept(&self, user: &Arc<str>, only: Option<u64>) -> u64 {
+        let local = self.router.local().lookup(user);
+        if local.is_empty() {
+            return 0;
+        }
+        let kept = match self.inbox.list(user, unix_ms()).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, %user, "inbox unavailable: a kept message waits for the next bind");
+                return 0;
+            }
+        };
+        let mut handed = 0;
+        for m in kept {
+            if only.is_some_and(|id| id != m.message_id) {
                 continue;
             }
-            let kept = match self.inbox.list(&user, unix_ms()).await {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::warn!(error = %e, %user, "inbox unavailable: a kept message waits for the next bind");
-                    continue;
-                }
-            };
-            let Some(m) = kept.into_iter().find(|m| m.message_id == message_id) else {
-                continue;
-            };
             let push = Arc::new(OutboundPush {
                 message_id: m.message_id,
                 trace_id: m.trace_id,
@@ -312,18 +353,16 @@ impl Hub {
                 ack_timeout: None,
                 queued_at: Some(mpush_protocol::Instant::now()),
             });
-            let mut handed = 0;
-            for h in local {
+            for h in &local {
                 if m.client_type.is_none_or(|ct| ct == h.info.client_type)
-                    && self.hand_over(&h, &user, &push, false)
+                    && self.hand_over(h, user, &push, false)
                 {
                     handed += 1;
                 }
             }
-            // It leaves the inbox when a connection wrote it (or a device
-            // acknowledged it), not before.
-            metrics::counter!("mpush_kept_delivered_total").increment(handed);
         }
+        metrics::counter!("mpush_kept_delivered_total").increment(handed);
+        handed
     }
 
     /// Puts the message in `user`'s inbox; a store that is down or a full

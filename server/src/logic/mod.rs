@@ -498,6 +498,8 @@ impl Delivery for Hub {
 
     async fn redis_back(&self) {
         self.reassert().await;
+        // What was announced while this node was not listening.
+        self.sweep_kept().await;
     }
 
     fn load(&self) -> usize {
