@@ -197,13 +197,25 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_kept_delivered_total",
         Counter,
         Unit::Count,
-        "Messages kept in an inbox for a user connected here, handed over when another node announced them",
+        "Messages kept in an inbox for a user connected here, handed over when another node announced them (or found when Redis came back)",
     ),
     (
         "mpush_idempotent_replays_total",
         Counter,
         Unit::Count,
         "Requests answered with the answer kept for their Idempotency-Key (or traceId): nothing sent again",
+    ),
+    (
+        "mpush_idempotency_settled_late_total",
+        Counter,
+        Unit::Count,
+        "Idempotency keys the store took only on a later try (it was unreachable when the request ended)",
+    ),
+    (
+        "mpush_idempotency_unsettled_total",
+        Counter,
+        Unit::Count,
+        "Idempotency keys the store never took within their claim's life: a retry after that is sent again",
     ),
     (
         "mpush_idempotency_evicted_total",

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use mpush_protocol::session::AckMode;
 use serde::{Deserialize, Serialize};
@@ -190,24 +191,66 @@ impl Hub {
             }
         }
         let result = self.send_now(req, filter).await;
-        if let Some(key) = &key {
-            let kept = match &result {
+        if let Some(key) = key {
+            let answer = match &result {
                 Ok(sent) if sent.happened() => {
-                    let answer = serde_json::to_string(sent).unwrap_or_default();
-                    self.idempotency.finish(key, &fp, &answer).await
+                    Some(serde_json::to_string(sent).unwrap_or_default())
                 }
-                _ => self.idempotency.release(key).await,
+                _ => None,
             };
-            if let Err(e) = kept {
-                // Sent already: the answer is true; a retry may not be
-                // recognised (the store is down), which the log says.
-                tracing::warn!(error = %e, "idempotency key not kept");
+            if let Err(e) = self.settle_key(&key, &fp, answer.as_deref()).await {
+                // The answer is true either way; until the store takes it,
+                // a retry finds the claim (409 in_progress), not a free key.
+                tracing::warn!(error = %e, "idempotency key not settled: trying again in the background");
+                self.settle_key_later(key, fp, answer);
             }
         }
         result.map(|sent| SendAnswer {
             sent,
             replayed: false,
         })
+    }
+
+    /// Keeps the answer under the key (or frees a key whose request did
+    /// nothing).
+    async fn settle_key(
+        &self,
+        key: &str,
+        fp: &str,
+        answer: Option<&str>,
+    ) -> Result<(), crate::store::StoreError> {
+        match answer {
+            Some(a) => self.idempotency.finish(key, fp, a).await,
+            None => self.idempotency.release(key).await,
+        }
+    }
+
+    /// A key the store did not take at once (Redis unreachable, or restarted
+    /// empty) is settled again until it takes it, within the claim's life:
+    /// left alone, the claim would expire and a retry would send the
+    /// message a second time (or, for a request that did nothing, answer
+    /// 409 until it expired).
+    fn settle_key_later(self: &Arc<Self>, key: String, fp: String, answer: Option<String>) {
+        let hub = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut wait = Duration::from_millis(200);
+            // Stops short of the claim's end, so it never frees a claim
+            // made after it by another request.
+            while started.elapsed() + wait < crate::store::idempotency::PENDING * 5 / 6 {
+                tokio::time::sleep(wait).await;
+                let Some(hub) = hub.upgrade() else { return };
+                if hub.settle_key(&key, &fp, answer.as_deref()).await.is_ok() {
+                    metrics::counter!("mpush_idempotency_settled_late_total").increment(1);
+                    return;
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            metrics::counter!("mpush_idempotency_unsettled_total").increment(1);
+            tracing::warn!(
+                "idempotency key never settled: a retry after its claim expires is sent again"
+            );
+        });
     }
 
     async fn send_now(
@@ -283,5 +326,149 @@ impl Hub {
                 .map_err(|e| SendError::Unavailable(e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::config::Settings;
+    use crate::logic::{Listeners, Stores};
+    use crate::store::{
+        IdempotencyStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
+        MemoryTraces, StoreError,
+    };
+
+    /// The real in-memory store, refusing its first `fail` settlements (as
+    /// Redis does while it is unreachable).
+    struct Flaky {
+        inner: MemoryIdempotency,
+        fail: AtomicUsize,
+    }
+
+    impl Flaky {
+        fn refuse(&self) -> Result<(), StoreError> {
+            let left = self.fail.load(Ordering::SeqCst);
+            if left > 0 {
+                self.fail.store(left - 1, Ordering::SeqCst);
+                return Err(StoreError::new("idempotency", "unreachable (injected)"));
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl IdempotencyStore for Flaky {
+        async fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, StoreError> {
+            self.inner.claim(key, fingerprint).await
+        }
+        async fn finish(&self, key: &str, fp: &str, answer: &str) -> Result<(), StoreError> {
+            self.refuse()?;
+            self.inner.finish(key, fp, answer).await
+        }
+        async fn release(&self, key: &str) -> Result<(), StoreError> {
+            self.refuse()?;
+            self.inner.release(key).await
+        }
+    }
+
+    fn hub(fail: usize) -> Arc<Hub> {
+        let cfg = Arc::new(Settings::default().validate().expect("valid"));
+        let stores = Stores {
+            sessions: Arc::new(MemorySessions::new(100, 1 << 20)),
+            traces: Arc::new(MemoryTraces::new(60, 100, 1 << 20)),
+            inbox: Arc::new(MemoryInbox::new(100)),
+            topics: Arc::new(MemoryTopics::new(10, 10)),
+            idempotency: Arc::new(Flaky {
+                inner: MemoryIdempotency::new(Duration::from_secs(60), 100, 1 << 20),
+                fail: AtomicUsize::new(fail),
+            }),
+        };
+        let any = "127.0.0.1:1".parse().expect("addr");
+        Hub::new(
+            cfg,
+            stores,
+            None,
+            Listeners {
+                tcp: any,
+                ws: None,
+                http: any,
+            },
+        )
+    }
+
+    fn request(ttl_secs: u64) -> SendRequest {
+        SendRequest {
+            audience: Audience::Users(vec!["u1".into()]),
+            spec: MessageSpec {
+                content: Bytes::from_static(b"hello"),
+                ack_mode: AckMode::None,
+                client_type: None,
+                ttl_secs,
+                ack_timeout: None,
+                callback: None,
+            },
+            trace_id: None,
+            idempotency_key: Some("key-1".into()),
+            untraced: false,
+        }
+    }
+
+    /// A push that happened while the store would not take its answer: a
+    /// retry meanwhile hears "in progress", never a second send, and gets
+    /// the first answer once the store takes it.
+    #[tokio::test]
+    async fn an_answer_the_store_did_not_take_is_kept_again_and_nothing_is_sent_twice() {
+        let hub = hub(2);
+        let first = hub.send(request(60)).await.expect("sent");
+        assert!(!first.replayed);
+        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1);
+        assert!(matches!(
+            hub.send(request(60)).await,
+            Err(SendError::InProgress)
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let again = loop {
+            match hub.send(request(60)).await {
+                Ok(a) => break a,
+                Err(SendError::InProgress) => {
+                    assert!(tokio::time::Instant::now() < deadline, "never settled");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert!(again.replayed);
+        assert_eq!(again.sent, first.sent);
+        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1, "kept once");
+    }
+
+    /// A request that did nothing frees its key even when the store would
+    /// not at first: a retry is sent, not held as "in progress" for a minute.
+    #[tokio::test]
+    async fn a_key_whose_request_did_nothing_is_freed_again() {
+        let hub = hub(1);
+        // Offline without a TTL: nothing happens (404).
+        let first = hub.send(request(0)).await.expect("answered");
+        assert!(!first.sent.happened());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match hub.send(request(0)).await {
+                Ok(a) => {
+                    assert!(!a.replayed, "a request that did nothing is not replayed");
+                    break;
+                }
+                Err(SendError::InProgress) => {
+                    assert!(tokio::time::Instant::now() < deadline, "never freed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
     }
 }
