@@ -347,6 +347,54 @@ async fn a_kept_message_announced_while_a_node_was_not_listening_is_found() {
     }
 }
 
+/// Idempotency keys are shared through Redis: a retry through another
+/// node gets the first answer and sends nothing twice; a request that did
+/// nothing frees its key (only its own claim) for a retry.
+#[tokio::test]
+async fn a_retry_through_another_node_sends_nothing_twice() {
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let (api_a, api_b) = (Api::new(&n[0]), Api::new(&n[1]));
+    // Offline, nothing to keep: 404 on both nodes (the key was freed).
+    let nothing = json!({"userId": "idm", "content": "gone"});
+    let k1 = [("idempotency-key", "retry-across-1")];
+    let (st, _, r) = api_a.post_with("/api/v1/push", &k1, nothing.clone()).await;
+    assert_eq!(st, 404, "{r}");
+    let (st, h, r) = api_b.post_with("/api/v1/push", &k1, nothing).await;
+    assert_eq!(st, 404, "{r}");
+    assert!(
+        h.get("idempotency-replayed").is_none(),
+        "sent again, not replayed"
+    );
+    // Kept: the retry through B replays A's answer, and the user gets one copy.
+    let kept = json!({"userId": "idm", "content": "kept-once", "ttlSeconds": 600});
+    let k2 = [("idempotency-key", "retry-across-2")];
+    let (st1, _, r1) = api_a.post_with("/api/v1/push", &k2, kept.clone()).await;
+    assert_eq!((st1, &r1["stored"]), (200, &json!(true)), "{r1}");
+    let (st2, h2, r2) = api_b.post_with("/api/v1/push", &k2, kept).await;
+    assert_eq!((st2, &r2), (200, &r1), "the first answer again");
+    assert_eq!(h2["idempotency-replayed"], "true");
+    let (st, _, r) = api_b
+        .post_with(
+            "/api/v1/push",
+            &k2,
+            json!({"userId": "idm", "content": "other"}),
+        )
+        .await;
+    assert_eq!(
+        (st, &r["error"]["code"]),
+        (422, &json!("key_reused")),
+        "{r}"
+    );
+    let (_, u) = api_b.get("/api/v1/users/idm").await;
+    assert_eq!(u["inbox"], 1, "{u}");
+    let mut c = on(&n[1], "idm", "idm-1", "android", "").await;
+    c.message("kept-once").await;
+    for node in n {
+        node.shutdown().await;
+    }
+}
+
 /// A node as its own process, to be killed with SIGKILL.
 struct NodeProcess {
     child: Child,

@@ -172,8 +172,10 @@ impl Hub {
             (None, Some(t)) if !t.is_empty() => Some(format!("t:{t}:{fp}")),
             _ => None,
         };
+        // This request's claim on the key: only it can free the claim.
+        let owner = crate::clock::random_hex(16);
         if let Some(key) = &key {
-            match self.idempotency.claim(key, &fp).await {
+            match self.idempotency.claim(key, &fp, &owner).await {
                 Ok(Claim::New) => {}
                 Ok(Claim::Done(answer)) => {
                     let sent = serde_json::from_str(&answer).map_err(|e| {
@@ -187,7 +189,13 @@ impl Hub {
                 }
                 Ok(Claim::InProgress) => return Err(SendError::InProgress),
                 Ok(Claim::Mismatch) => return Err(SendError::KeyReused),
-                Err(e) => return Err(SendError::Unavailable(e.to_string())),
+                Err(e) => {
+                    // The store may have taken the claim and lost the reply:
+                    // freed when it answers again, or a retry would hear
+                    // "in progress" for the claim's whole life.
+                    self.settle_key_later(key.clone(), fp, owner, None);
+                    return Err(SendError::Unavailable(e.to_string()));
+                }
             }
         }
         let result = self.send_now(req, filter).await;
@@ -198,11 +206,11 @@ impl Hub {
                 }
                 _ => None,
             };
-            if let Err(e) = self.settle_key(&key, &fp, answer.as_deref()).await {
+            if let Err(e) = self.settle_key(&key, &fp, &owner, answer.as_deref()).await {
                 // The answer is true either way; until the store takes it,
                 // a retry finds the claim (409 in_progress), not a free key.
                 tracing::warn!(error = %e, "idempotency key not settled: trying again in the background");
-                self.settle_key_later(key, fp, answer);
+                self.settle_key_later(key, fp, owner, answer);
             }
         }
         result.map(|sent| SendAnswer {
@@ -217,11 +225,12 @@ impl Hub {
         &self,
         key: &str,
         fp: &str,
+        owner: &str,
         answer: Option<&str>,
     ) -> Result<(), crate::store::StoreError> {
         match answer {
             Some(a) => self.idempotency.finish(key, fp, a).await,
-            None => self.idempotency.release(key).await,
+            None => self.idempotency.release(key, owner).await,
         }
     }
 
@@ -230,17 +239,27 @@ impl Hub {
     /// left alone, the claim would expire and a retry would send the
     /// message a second time (or, for a request that did nothing, answer
     /// 409 until it expired).
-    fn settle_key_later(self: &Arc<Self>, key: String, fp: String, answer: Option<String>) {
+    fn settle_key_later(
+        self: &Arc<Self>,
+        key: String,
+        fp: String,
+        owner: String,
+        answer: Option<String>,
+    ) {
         let hub = Arc::downgrade(self);
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
             let mut wait = Duration::from_millis(200);
-            // Stops short of the claim's end, so it never frees a claim
-            // made after it by another request.
+            // Stops short of the claim's end: an answer is never written
+            // over a claim another request made after this one's expired.
             while started.elapsed() + wait < crate::store::idempotency::PENDING * 5 / 6 {
                 tokio::time::sleep(wait).await;
                 let Some(hub) = hub.upgrade() else { return };
-                if hub.settle_key(&key, &fp, answer.as_deref()).await.is_ok() {
+                if hub
+                    .settle_key(&key, &fp, &owner, answer.as_deref())
+                    .await
+                    .is_ok()
+                {
                     metrics::counter!("mpush_idempotency_settled_late_total").increment(1);
                     return;
                 }
@@ -349,6 +368,8 @@ mod tests {
     struct Flaky {
         inner: MemoryIdempotency,
         fail: AtomicUsize,
+        /// Claims taken whose reply is lost (an error, after the fact).
+        lose_claims: AtomicUsize,
     }
 
     impl Flaky {
@@ -364,20 +385,30 @@ mod tests {
 
     #[async_trait]
     impl IdempotencyStore for Flaky {
-        async fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, StoreError> {
-            self.inner.claim(key, fingerprint).await
+        async fn claim(&self, key: &str, fp: &str, owner: &str) -> Result<Claim, StoreError> {
+            let c = self.inner.claim(key, fp, owner).await;
+            let lost = self.lose_claims.load(Ordering::SeqCst);
+            if lost > 0 {
+                self.lose_claims.store(lost - 1, Ordering::SeqCst);
+                return Err(StoreError::new("idempotency", "reply lost (injected)"));
+            }
+            c
         }
         async fn finish(&self, key: &str, fp: &str, answer: &str) -> Result<(), StoreError> {
             self.refuse()?;
             self.inner.finish(key, fp, answer).await
         }
-        async fn release(&self, key: &str) -> Result<(), StoreError> {
+        async fn release(&self, key: &str, owner: &str) -> Result<(), StoreError> {
             self.refuse()?;
-            self.inner.release(key).await
+            self.inner.release(key, owner).await
         }
     }
 
     fn hub(fail: usize) -> Arc<Hub> {
+        hub_losing(fail, 0)
+    }
+
+    fn hub_losing(fail: usize, lose_claims: usize) -> Arc<Hub> {
         let cfg = Arc::new(Settings::default().validate().expect("valid"));
         let stores = Stores {
             sessions: Arc::new(MemorySessions::new(100, 1 << 20)),
@@ -387,6 +418,7 @@ mod tests {
             idempotency: Arc::new(Flaky {
                 inner: MemoryIdempotency::new(Duration::from_secs(60), 100, 1 << 20),
                 fail: AtomicUsize::new(fail),
+                lose_claims: AtomicUsize::new(lose_claims),
             }),
         };
         let any = "127.0.0.1:1".parse().expect("addr");
@@ -470,5 +502,34 @@ mod tests {
                 Err(e) => panic!("{e:?}"),
             }
         }
+    }
+
+    /// A claim the store took but whose reply was lost: the request
+    /// answers 503 (nothing sent) and frees its own claim when the store
+    /// answers again, so the retry is sent once, not held for a minute.
+    #[tokio::test]
+    async fn a_claim_whose_reply_was_lost_is_freed_by_its_owner() {
+        let hub = hub_losing(0, 1);
+        assert!(matches!(
+            hub.send(request(60)).await,
+            Err(SendError::Unavailable(_))
+        ));
+        assert_eq!(hub.inbox.len("u1").await.expect("len"), 0, "nothing sent");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let sent = loop {
+            match hub.send(request(60)).await {
+                Ok(a) => break a,
+                Err(SendError::InProgress) => {
+                    assert!(tokio::time::Instant::now() < deadline, "never freed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert!(!sent.replayed);
+        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1, "sent once");
+        let again = hub.send(request(60)).await.expect("replayed");
+        assert!(again.replayed);
+        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1);
     }
 }

@@ -35,17 +35,24 @@ pub enum Claim {
 
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
-    async fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, StoreError>;
+    /// Claims `key` for the request `owner` (a token unique to it): a
+    /// claim whose answer was lost (the store took it, the reply never
+    /// came) can still be released by its owner, and only by it.
+    async fn claim(&self, key: &str, fingerprint: &str, owner: &str) -> Result<Claim, StoreError>;
     /// Keeps `answer` under `key` for the window.
     async fn finish(&self, key: &str, fingerprint: &str, answer: &str) -> Result<(), StoreError>;
-    /// Frees a claimed key whose request did nothing (a retry may try again).
-    async fn release(&self, key: &str) -> Result<(), StoreError>;
+    /// Frees `key` if it is still `owner`'s claim without an answer (its
+    /// request did nothing: a retry may try again); anything else stays.
+    async fn release(&self, key: &str, owner: &str) -> Result<(), StoreError>;
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Entry {
     fp: String,
     answer: Option<String>,
+    /// The claim's owner (while there is no answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 impl Entry {
@@ -87,7 +94,11 @@ impl MemoryIdempotency {
 
 impl Keys {
     fn size(key: &str, e: &Entry) -> usize {
-        key.len() + e.fp.len() + e.answer.as_ref().map_or(0, String::len) + 64
+        key.len()
+            + e.fp.len()
+            + e.answer.as_ref().map_or(0, String::len)
+            + e.owner.as_ref().map_or(0, String::len)
+            + 64
     }
 
     fn remove(&mut self, key: &str) {
@@ -126,7 +137,7 @@ impl Keys {
 
 #[async_trait]
 impl IdempotencyStore for MemoryIdempotency {
-    async fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &str, fingerprint: &str, owner: &str) -> Result<Claim, StoreError> {
         let now = Instant::now();
         let mut g = self.inner.lock();
         g.trim(now, self.max, self.max_bytes);
@@ -138,6 +149,7 @@ impl IdempotencyStore for MemoryIdempotency {
         let e = Entry {
             fp: fingerprint.to_owned(),
             answer: None,
+            owner: Some(owner.to_owned()),
         };
         g.insert(key, e, now + PENDING);
         Ok(Claim::New)
@@ -149,14 +161,21 @@ impl IdempotencyStore for MemoryIdempotency {
         let e = Entry {
             fp: fingerprint.to_owned(),
             answer: Some(answer.to_owned()),
+            owner: None,
         };
         g.insert(key, e, now + self.window);
         g.trim(now, self.max, self.max_bytes);
         Ok(())
     }
 
-    async fn release(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.lock().remove(key);
+    async fn release(&self, key: &str, owner: &str) -> Result<(), StoreError> {
+        let mut g = self.inner.lock();
+        if g.map
+            .get(key)
+            .is_some_and(|(e, _)| e.answer.is_none() && e.owner.as_deref() == Some(owner))
+        {
+            g.remove(key);
+        }
         Ok(())
     }
 }
@@ -167,6 +186,17 @@ pub struct RedisIdempotency {
     pub redis: RedisHandle,
     pub window: Duration,
 }
+
+/// Deletes the key only while it is the caller's claim without an answer.
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, e = pcall(cjson.decode, v)
+if ok and type(e) == 'table' and e.owner == ARGV[1] and (e.answer == nil or e.answer == cjson.null) then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
 
 fn redis_key(key: &str) -> String {
     // Keys come from callers: hashed, so their length and bytes are ours.
@@ -184,11 +214,12 @@ fn down(e: redis::RedisError) -> StoreError {
 
 #[async_trait]
 impl IdempotencyStore for RedisIdempotency {
-    async fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &str, fingerprint: &str, owner: &str) -> Result<Claim, StoreError> {
         let k = redis_key(key);
         let pending = serde_json::to_string(&Entry {
             fp: fingerprint.to_owned(),
             answer: None,
+            owner: Some(owner.to_owned()),
         })
         .unwrap_or_default();
         let mut c = self.redis.conn();
@@ -211,7 +242,7 @@ impl IdempotencyStore for RedisIdempotency {
         {
             Some(e) => Ok(e.claim(fingerprint)),
             // Expired between the two commands: claim again.
-            None => Box::pin(self.claim(key, fingerprint)).await,
+            None => Box::pin(self.claim(key, fingerprint, owner)).await,
         }
     }
 
@@ -219,6 +250,7 @@ impl IdempotencyStore for RedisIdempotency {
         let v = serde_json::to_string(&Entry {
             fp: fingerprint.to_owned(),
             answer: Some(answer.to_owned()),
+            owner: None,
         })
         .unwrap_or_default();
         let mut c = self.redis.conn();
@@ -227,9 +259,15 @@ impl IdempotencyStore for RedisIdempotency {
             .map_err(down)
     }
 
-    async fn release(&self, key: &str) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, owner: &str) -> Result<(), StoreError> {
         let mut c = self.redis.conn();
-        c.del::<_, ()>(redis_key(key)).await.map_err(down)
+        redis::Script::new(RELEASE)
+            .key(redis_key(key))
+            .arg(owner)
+            .invoke_async::<i64>(&mut c)
+            .await
+            .map(|_| ())
+            .map_err(down)
     }
 }
 
@@ -240,30 +278,42 @@ mod tests {
     #[tokio::test]
     async fn a_key_answers_once_then_replays() {
         let s = MemoryIdempotency::new(Duration::from_secs(60), 100, 1 << 20);
-        assert_eq!(s.claim("k", "fp").await, Ok(Claim::New));
-        assert_eq!(s.claim("k", "fp").await, Ok(Claim::InProgress));
-        assert_eq!(s.claim("k", "other").await, Ok(Claim::Mismatch));
+        assert_eq!(s.claim("k", "fp", "r1").await, Ok(Claim::New));
+        assert_eq!(s.claim("k", "fp", "r2").await, Ok(Claim::InProgress));
+        assert_eq!(s.claim("k", "other", "r3").await, Ok(Claim::Mismatch));
+        // Only the owner frees a claim.
+        s.release("k", "r2").await.expect("answered");
+        assert_eq!(s.claim("k", "fp", "r2").await, Ok(Claim::InProgress));
+        s.release("k", "r1").await.expect("freed");
+        assert_eq!(s.claim("k", "fp", "r4").await, Ok(Claim::New));
         s.finish("k", "fp", "{\"a\":1}").await.expect("kept");
         assert_eq!(
-            s.claim("k", "fp").await,
+            s.claim("k", "fp", "r5").await,
             Ok(Claim::Done("{\"a\":1}".into()))
         );
-        s.release("k").await.expect("freed");
-        assert_eq!(s.claim("k", "fp").await, Ok(Claim::New));
+        // An answer is never released.
+        s.release("k", "r4").await.expect("answered");
+        assert_eq!(
+            s.claim("k", "fp", "r6").await,
+            Ok(Claim::Done("{\"a\":1}".into()))
+        );
     }
 
     #[tokio::test]
     async fn bounded_by_count_and_bytes() {
         let s = MemoryIdempotency::new(Duration::from_secs(60), 3, 1 << 20);
         for k in ["a", "b", "c", "d"] {
-            s.claim(k, "fp").await.expect("claimed");
+            s.claim(k, "fp", "r").await.expect("claimed");
             s.finish(k, "fp", "x").await.expect("kept");
         }
         assert_eq!(s.inner.lock().map.len(), 3, "the oldest went");
-        assert_eq!(s.claim("a", "fp").await, Ok(Claim::New));
+        assert_eq!(s.claim("a", "fp", "r").await, Ok(Claim::New));
         let small = MemoryIdempotency::new(Duration::from_secs(60), 100, 1000);
         for k in 0..10 {
-            small.claim(&k.to_string(), "fp").await.expect("claimed");
+            small
+                .claim(&k.to_string(), "fp", "r")
+                .await
+                .expect("claimed");
             small
                 .finish(&k.to_string(), "fp", &"y".repeat(200))
                 .await
