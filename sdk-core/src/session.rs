@@ -509,7 +509,7 @@ pub struct Session {
     /// request id; queued again if the connection drops first.
     requests: SmallMap<i32, UpPush>,
     /// Up-pushes to send again (same message id) at a time.
-    retry: VecDeque<(Instant, UpPush)>,
+    retry: Vec<(Instant, UpPush)>,
     /// Open ACK handles: ack id → (connection generation, token).
     /// Bounded by `dedup_capacity` (oldest out): an app that never
     /// acknowledges cannot grow it without end; the server resends those.
@@ -570,7 +570,7 @@ impl Session {
             outbound: VecDeque::new(),
             next_request: 1,
             requests: SmallMap::new(),
-            retry: VecDeque::new(),
+            retry: Vec::new(),
             acks: SmallMap::new(),
             next_ack: 1,
             generation: 0,
@@ -1030,16 +1030,14 @@ impl Session {
         }
         let wait = Duration::from_secs(1 << p.retries.min(5));
         p.retries += 1;
-        self.retry.push_back((now + wait, p));
+        self.retry.push((now + wait, p));
     }
 
     /// Up-pushes whose wait is over: sent now, or queued for the next
     /// connection.
     fn due_retries(&mut self, now: Instant) {
         while let Some(i) = self.retry.iter().position(|(at, _)| *at <= now) {
-            let Some((_, p)) = self.retry.remove(i) else {
-                break;
-            };
+            let (_, p) = self.retry.remove(i);
             if self.is_connected() {
                 self.send_outbound(Outbound::Push(p), now);
             } else {
