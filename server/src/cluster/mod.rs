@@ -403,7 +403,7 @@ impl Cluster {
         let d = delivery.clone();
         tokio::spawn(async move {
             let every = Duration::from_secs(me.cfg.settings.cluster.node_renew_secs);
-            let mut registered = false;
+            let (mut registered, mut ever) = (false, false);
             loop {
                 let Some(node) = d.upgrade() else { return };
                 if node.draining() {
@@ -416,9 +416,17 @@ impl Cluster {
                 if registered && was_there == Some(false) {
                     // Redis answers but forgot this node: it lost its data.
                     warn!(node = %me.node_id, "registration was gone from Redis: re-asserting routes");
-                    node.redis_back().await;
+                    let n = node.clone();
+                    tokio::spawn(async move { n.redis_back().await });
+                } else if ever && !registered && was_there.is_some() {
+                    // Reachable again after renewals failed (a partition the
+                    // pub/sub connection may not have noticed).
+                    warn!(node = %me.node_id, "redis reachable again: re-asserting routes");
+                    let n = node.clone();
+                    tokio::spawn(async move { n.redis_back().await });
                 }
                 registered = was_there.is_some();
+                ever |= registered;
                 drop(node);
                 tokio::time::sleep(if registered {
                     every

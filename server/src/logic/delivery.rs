@@ -286,22 +286,30 @@ impl Hub {
 
     /// Messages kept for users connected here (announced by the node that
     /// kept them): handed to those connections now.
+    /// An inbox that cannot be read makes the node recover (re-assert,
+    /// then sweep every local user's inbox until it reads).
     pub(super) async fn deliver_kept(&self, msg: crate::cluster::KeptMsg) {
+        let mut unread = false;
         for (user, message_id) in msg.kept {
             let user: Arc<str> = user.into();
-            self.hand_kept(&user, Some(message_id)).await;
+            unread |= self.hand_kept(&user, Some(message_id)).await.is_none();
+        }
+        if unread {
+            tracing::warn!("an announced kept message could not be read: recovering");
+            self.recover().await;
         }
     }
 
-    /// Everything kept for the users connected here, handed to their
-    /// connections: after Redis came back, the announcements made while
-    /// this node's subscription was down are lost, and this finds what they
-    /// named (a message already in flight on a connection is not sent twice;
-    /// a device drops a copy it has seen by its message id). Bounded: a few
-    /// users at a time, one inbox read each.
-    pub async fn sweep_kept(&self) -> u64 {
+    /// Everything kept for the users connected here (or for `only` of
+    /// them), handed to their connections: after Redis came back, the
+    /// announcements made while this node's subscription was down are
+    /// lost, and this finds what they named (a message already in flight on
+    /// a connection is not sent twice; a device drops a copy it has seen by
+    /// its message id). A few users at a time, one inbox read each; returns
+    /// the users whose inbox could not be read.
+    pub async fn sweep_kept(&self, only: Option<Vec<Arc<str>>>) -> Vec<Arc<str>> {
         use futures_util::StreamExt;
-        let users: Vec<Arc<str>> = {
+        let users: Vec<Arc<str>> = only.unwrap_or_else(|| {
             let mut seen = std::collections::HashSet::new();
             self.router
                 .local()
@@ -309,34 +317,42 @@ impl Hub {
                 .into_iter()
                 .filter_map(|(u, _)| seen.insert(u.clone()).then_some(u))
                 .collect()
-        };
-        let handed: u64 = futures_util::stream::iter(users)
-            .map(|u| async move { self.hand_kept(&u, None).await })
+        });
+        let results: Vec<(Arc<str>, Option<u64>)> = futures_util::stream::iter(users)
+            .map(|u| async move {
+                let n = self.hand_kept(&u, None).await;
+                (u, n)
+            })
             .buffer_unordered(32)
-            .fold(0u64, |a, n| async move { a + n })
+            .collect()
             .await;
+        let handed: u64 = results.iter().filter_map(|(_, n)| *n).sum();
         if handed > 0 {
             tracing::info!(
                 handed,
                 "kept messages handed to connections after Redis came back"
             );
         }
-        handed
+        results
+            .into_iter()
+            .filter_map(|(u, n)| n.is_none().then_some(u))
+            .collect()
     }
 
     /// Hands `user`'s kept messages (one, or all) to the user's connections
     /// here; it leaves the inbox when a connection wrote it (or a device
-    /// acknowledged it), not before. Returns how many copies were handed.
-    async fn hand_kept(&self, user: &Arc<str>, only: Option<u64>) -> u64 {
+    /// acknowledged it), not before. Returns how many copies were handed
+    /// (None: the inbox could not be read).
+    async fn hand_kept(&self, user: &Arc<str>, only: Option<u64>) -> Option<u64> {
         let local = self.router.local().lookup(user);
         if local.is_empty() {
-            return 0;
+            return Some(0);
         }
         let kept = match self.inbox.list(user, unix_ms()).await {
             Ok(k) => k,
             Err(e) => {
-                tracing::warn!(error = %e, %user, "inbox unavailable: a kept message waits for the next bind");
-                return 0;
+                tracing::debug!(error = %e, %user, "inbox unavailable for a kept message");
+                return None;
             }
         };
         let mut handed = 0;
@@ -362,7 +378,7 @@ impl Hub {
             }
         }
         metrics::counter!("mpush_kept_delivered_total").increment(handed);
-        handed
+        Some(handed)
     }
 
     /// Puts the message in `user`'s inbox; a store that is down or a full

@@ -77,6 +77,9 @@ pub struct Hub {
     /// Every open connection, bound or not.
     connections: AtomicUsize,
     draining: AtomicBool,
+    /// A recovery after Redis came back is running / is wanted (again).
+    recovering: AtomicBool,
+    recover_wanted: AtomicBool,
     /// Flips to true when the server drains; every connection watches it.
     shutdown: tokio::sync::watch::Sender<bool>,
     listeners: Listeners,
@@ -200,6 +203,8 @@ impl Hub {
             next_conn: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
+            recovering: AtomicBool::new(false),
+            recover_wanted: AtomicBool::new(false),
             shutdown: tokio::sync::watch::channel(false).0,
             listeners,
             redirect: RwLock::new(None),
@@ -325,23 +330,47 @@ impl Hub {
         self.shutdown.subscribe()
     }
 
+    /// Redis came back (the pub/sub connection's return, a registration
+    /// found missing, a renewal that succeeds again after failing): the
+    /// registration and every route of this node's connections go back into
+    /// Redis, then what was kept for its users while it was not listening is
+    /// handed over. Both are retried (0.1 s, doubling to 5 s) until they
+    /// succeed or the node drains: never left for a timer. One recovery runs
+    /// at a time; a call during one makes it run once more at its end.
+    pub async fn recover(&self) {
+        if self.cluster.is_none() {
+            return;
+        }
+        self.recover_wanted.store(true, Ordering::SeqCst);
+        if self.recovering.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        loop {
+            while self.recover_wanted.swap(false, Ordering::SeqCst) && !self.is_draining() {
+                self.reassert().await;
+                self.sweep_until_done().await;
+            }
+            self.recovering.store(false, Ordering::SeqCst);
+            // A call that came after the last check and found it running.
+            if !self.recover_wanted.load(Ordering::SeqCst)
+                || self.recovering.swap(true, Ordering::SeqCst)
+            {
+                break;
+            }
+        }
+    }
+
     /// Puts this node's registration and every route of its connections
-    /// back into Redis (it came back after an outage, or lost its data):
-    /// at once, not at the next refresh.
+    /// back into Redis, retrying until both are there (or the node drains).
     pub async fn reassert(&self) {
         let Some(cl) = &self.cluster else {
             return;
         };
-        if self.is_draining() {
-            return;
-        }
-        // The shared connection may still be reconnecting when the pub/sub
-        // one is back: a few quick tries, not a wait for the next renewal.
         let (mut registered, mut failed) = (false, usize::MAX);
-        for attempt in 0..20 {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        let mut wait = Duration::from_millis(100);
+        let mut attempts = 0u32;
+        while !self.is_draining() {
+            attempts += 1;
             if !registered {
                 registered = cl.register(self.connections(), true).await.is_some();
             }
@@ -351,20 +380,45 @@ impl Hub {
             if registered && failed == 0 {
                 break;
             }
+            if attempts == 20 {
+                tracing::warn!(
+                    registered,
+                    failed,
+                    "re-asserting in Redis: still failing, trying on (up to every 5 s)"
+                );
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
         }
         *self.redis_health.lock() = None;
         metrics::counter!("mpush_redis_reasserts_total").increment(1);
         if registered && failed == 0 {
             tracing::info!(
                 routes = self.bound(),
+                attempts,
                 "registration and routes re-asserted in Redis"
             );
-        } else {
+        }
+    }
+
+    /// Hands over what is kept for the users connected here, retrying the
+    /// users whose inbox could not be read until none is left (or the node
+    /// drains).
+    async fn sweep_until_done(&self) {
+        let mut users = None;
+        let mut wait = Duration::from_millis(100);
+        while !self.is_draining() {
+            let failed = self.sweep_kept(users.take()).await;
+            if failed.is_empty() {
+                return;
+            }
             tracing::warn!(
-                registered,
-                failed,
-                "re-asserting in Redis failed in part; the renewals will retry"
+                users = failed.len(),
+                "kept messages not read for some users: trying again"
             );
+            users = Some(failed);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -497,9 +551,7 @@ impl Delivery for Hub {
     }
 
     async fn redis_back(&self) {
-        self.reassert().await;
-        // What was announced while this node was not listening.
-        self.sweep_kept().await;
+        self.recover().await;
     }
 
     fn load(&self) -> usize {
