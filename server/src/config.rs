@@ -1152,5 +1152,6 @@ mod tests {
         std::fs::write(&f, "[net]\ntcpp = \"x\"\n").expect("write");
         assert!(Settings::load(Some(&f)).is_err(), "unknown keys are errors");
         assert!(Settings::load(Some(&dir.join("missing.toml"))).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -630,6 +630,7 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     let sentinel = Redis {
         child: sentinel_child,
         port: p_sentinel,
+        dir,
     };
     wait_listening(("127.0.0.1", p_sentinel)).await;
     // The replica must be in sync before a failover can pick it.
@@ -760,7 +761,12 @@ async fn nodes_share_a_redis_cluster() {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server");
-        shards.push(Redis { child, port: p });
+        // Each removes the shared directory on drop; the last one finds it gone.
+        shards.push(Redis {
+            child,
+            port: p,
+            dir: dir.clone(),
+        });
     }
     for p in ports {
         wait_listening(("127.0.0.1", p)).await;

@@ -474,6 +474,8 @@ pub fn free_port() -> u16 {
 pub struct Redis {
     pub child: Child,
     pub port: u16,
+    /// Its working directory, removed on drop.
+    pub dir: std::path::PathBuf,
 }
 
 impl Redis {
@@ -503,7 +505,7 @@ impl Redis {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server runs (the test command installs it)");
-        let r = Self { child, port };
+        let r = Self { child, port, dir };
         wait_listening(("127.0.0.1", port)).await;
         r
     }
@@ -534,6 +536,7 @@ impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
