@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use mpush_protocol::server::{ServerConfig, ServerConnection, ServerEvent};
+use mpush_protocol::server::{Answer, ServerConfig, ServerConnection, ServerEvent};
 use mpush_protocol::testing::{LinkFaults, Pair};
 use mpush_protocol::Instant;
 
@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     while pair.server.poll_transmit().is_some() {}
     while let Some(e) = pair.server.poll_event() {
         if let ServerEvent::ResumeRequested { .. } = e {
-            pair.server.handle_resume_result(None, t);
+            pair.server.handle_answer(Answer::Session(None), t);
         }
     }
 });

@@ -21,7 +21,8 @@ use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
 use crate::pending::PendingPushes;
 use crate::server::{
-    CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent, UpPushRefusal, UpPushReply,
+    Answer, BindRefusal, CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent,
+    UpPushRefusal, UpPushReply,
 };
 use crate::session::{AckMode, DeviceInfo, Profile};
 
@@ -204,20 +205,38 @@ impl JsonServerConnection {
         e
     }
 
-    pub fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {
+    /// The driver's answer to an event. The JSON form asks only for binds,
+    /// unbinds and up-pushes (it has no keys, no fast connect and no HTTP
+    /// proxy); any other answer is ignored.
+    pub fn handle_answer(&mut self, answer: Answer) {
+        match answer {
+            Answer::Bind {
+                request,
+                user_id,
+                result,
+            } => self.on_bind_answer(request, user_id, result),
+            Answer::Unbind { request, ok } => self.on_unbind_answer(request, ok),
+            Answer::UpPush { reply, result } => self.on_up_push_answer(reply, result),
+            Answer::Decrypted(_) | Answer::Session(_) | Answer::Http { .. } => {}
+        }
+    }
+
+    fn on_bind_answer(&mut self, request: i32, user_id: String, result: Result<(), BindRefusal>) {
         if !self.is_established() {
             return;
         }
         match result {
             Ok(()) => {
-                self.user = Some(user_id.to_owned());
+                self.user = Some(user_id);
                 self.out
                     .push_back(json::ok(Command::BIND, request, "bind success").to_text());
             }
-            Err(reason) => {
-                self.out
-                    .push_back(json::error(Command::BIND, request, 0, "bind failed").to_text());
-                self.close_with(CloseReason::Refused(reason));
+            Err(refusal) => {
+                let code = refusal.code().0;
+                self.out.push_back(
+                    json::error(Command::BIND, request, code, BindRefusal::WIRE_REASON).to_text(),
+                );
+                self.close_with(CloseReason::Refused(refusal.to_string()));
             }
         }
     }
@@ -225,14 +244,14 @@ impl JsonServerConnection {
     /// Answer to `UpPush`: the ACK the client asked for once accepted; no
     /// answer when refused (mpush's JavaScript client has no refusal, and an
     /// ERROR would end its connection): its push callback times out.
-    pub fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
+    fn on_up_push_answer(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
         if result.is_ok() && reply.wants_ack && !self.is_closed() {
             self.out
                 .push_back(JsonPacket::new(Command::ACK, reply.request, None).to_text());
         }
     }
 
-    pub fn handle_unbind_result(&mut self, request: i32, ok: bool) {
+    fn on_unbind_answer(&mut self, request: i32, ok: bool) {
         if !self.is_established() {
             return;
         }
@@ -414,7 +433,11 @@ mod tests {
             panic!("bind requested");
         };
         assert_eq!((request, user_id.as_str(), tags.as_str()), (2, "u1", "a"));
-        c.handle_bind_result(2, "u1", Ok(()));
+        c.handle_answer(Answer::Bind {
+            request: 2,
+            user_id: "u1".into(),
+            result: Ok(()),
+        });
         assert!(texts(&mut c)[0].contains(r#""data":"bind success""#));
         let id = c
             .push(

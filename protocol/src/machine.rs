@@ -6,13 +6,9 @@
 use bytes::Bytes;
 use web_time::Instant;
 
-use crate::error::CryptoError;
 use crate::json_server::JsonServerConnection;
 use crate::message::Redirect;
-use crate::server::{
-    OutboundPush, PushError, ServerConnection, ServerEvent, UpPushRefusal, UpPushReply,
-};
-use crate::session::SessionRecord;
+use crate::server::{Answer, OutboundPush, PushError, ServerConnection, ServerEvent};
 
 /// What came from the socket.
 #[derive(Debug, Clone, Copy)]
@@ -51,11 +47,8 @@ pub trait ServerMachine: Send {
     /// Asks the client to reconnect elsewhere; false when it cannot be told.
     fn redirect(&mut self, redirect: &Redirect) -> bool;
     fn close(&mut self);
-    fn handle_decrypt_result(&mut self, result: Result<Vec<u8>, CryptoError>, now: Instant);
-    fn handle_resume_result(&mut self, record: Option<SessionRecord>, now: Instant);
-    fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>);
-    fn handle_unbind_result(&mut self, request: i32, ok: bool);
-    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>);
+    /// The answer to an event that asked for one (`Answer`).
+    fn handle_answer(&mut self, answer: Answer, now: Instant);
 }
 
 impl ServerMachine for ServerConnection {
@@ -97,20 +90,8 @@ impl ServerMachine for ServerConnection {
     fn close(&mut self) {
         ServerConnection::close(self);
     }
-    fn handle_decrypt_result(&mut self, result: Result<Vec<u8>, CryptoError>, now: Instant) {
-        ServerConnection::handle_decrypt_result(self, result, now);
-    }
-    fn handle_resume_result(&mut self, record: Option<SessionRecord>, now: Instant) {
-        ServerConnection::handle_resume_result(self, record, now);
-    }
-    fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {
-        ServerConnection::handle_bind_result(self, request, user_id, result);
-    }
-    fn handle_unbind_result(&mut self, request: i32, ok: bool) {
-        ServerConnection::handle_unbind_result(self, request, ok);
-    }
-    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
-        ServerConnection::handle_up_push_result(self, reply, result);
+    fn handle_answer(&mut self, answer: Answer, now: Instant) {
+        ServerConnection::handle_answer(self, answer, now);
     }
 }
 
@@ -156,17 +137,7 @@ impl ServerMachine for JsonServerConnection {
     fn close(&mut self) {
         JsonServerConnection::close(self);
     }
-    /// The JSON form has no keys: nothing is ever decrypted.
-    fn handle_decrypt_result(&mut self, _result: Result<Vec<u8>, CryptoError>, _now: Instant) {}
-    /// The JSON form has no fast connect.
-    fn handle_resume_result(&mut self, _record: Option<SessionRecord>, _now: Instant) {}
-    fn handle_bind_result(&mut self, request: i32, user_id: &str, result: Result<(), String>) {
-        JsonServerConnection::handle_bind_result(self, request, user_id, result);
-    }
-    fn handle_unbind_result(&mut self, request: i32, ok: bool) {
-        JsonServerConnection::handle_unbind_result(self, request, ok);
-    }
-    fn handle_up_push_result(&mut self, reply: UpPushReply, result: Result<(), UpPushRefusal>) {
-        JsonServerConnection::handle_up_push_result(self, reply, result);
+    fn handle_answer(&mut self, answer: Answer, _now: Instant) {
+        JsonServerConnection::handle_answer(self, answer);
     }
 }

@@ -17,7 +17,7 @@ use crate::client::{ClientConfig, ClientConnection, ClientEvent};
 use crate::crypto::{Rng, RsaPrivate, random_array};
 use crate::dedup::DedupWindow;
 use crate::packet::Decoder;
-use crate::server::{ServerConfig, ServerConnection, ServerEvent};
+use crate::server::{Answer, BindRefusal, ServerConfig, ServerConnection, ServerEvent};
 use crate::session::{DeviceInfo, ResumeTicket, SessionRecord};
 
 /// Fault settings of one direction.
@@ -325,7 +325,8 @@ impl Pair {
                     .server_config
                     .private_key
                     .decrypt(&mut self.rng, ciphertext);
-                self.server.handle_decrypt_result(plain, self.now);
+                self.server
+                    .handle_answer(Answer::Decrypted(plain), self.now);
             }
             ServerEvent::Resumed {
                 session, replaces, ..
@@ -341,26 +342,39 @@ impl Pair {
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
                 let record = self.sessions.get(session_id).cloned();
-                self.server.handle_resume_result(record, self.now);
+                self.server.handle_answer(Answer::Session(record), self.now);
             }
             ServerEvent::BindRequested {
                 request, user_id, ..
             } => {
                 let result = match &self.bind_policy {
                     BindPolicy::Accept => Ok(()),
-                    BindPolicy::Refuse(r) => Err(r.clone()),
+                    BindPolicy::Refuse(r) => Err(BindRefusal::Unauthorized(r.clone())),
                 };
-                self.server.handle_bind_result(*request, user_id, result);
+                let answer = Answer::Bind {
+                    request: *request,
+                    user_id: user_id.clone(),
+                    result,
+                };
+                self.server.handle_answer(answer, self.now);
             }
             ServerEvent::UnbindRequested { request, .. } => {
-                self.server.handle_unbind_result(*request, true);
+                let answer = Answer::Unbind {
+                    request: *request,
+                    ok: true,
+                };
+                self.server.handle_answer(answer, self.now);
             }
             ServerEvent::UpPush { reply, .. } => {
                 let result = match &self.up_push_refusal {
                     None => Ok(()),
                     Some(r) => Err(r.clone()),
                 };
-                self.server.handle_up_push_result(*reply, result);
+                let answer = Answer::UpPush {
+                    reply: *reply,
+                    result,
+                };
+                self.server.handle_answer(answer, self.now);
             }
             _ => {}
         }

@@ -10,7 +10,7 @@ use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::message::{Body, ErrorCode, ErrorMessage, Handshake};
 use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
 use mpush_protocol::server::{
-    CloseReason, OutboundPush, ServerConfig, ServerConnection, ServerEvent,
+    Answer, CloseReason, OutboundPush, ServerConfig, ServerConnection, ServerEvent,
 };
 use mpush_protocol::session::{AckMode, DeviceInfo, Profile, limits};
 use mpush_protocol::testing::{LinkFaults, Pair, default_key, test_device};
@@ -55,7 +55,7 @@ fn handshake(s: &mut ServerConnection, c: &mut ClientConnection, now: Instant) -
         if let ServerEvent::DecryptRequested { ciphertext } = e {
             let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::seed_from_u64(1);
             let plain = default_key().decrypt(&mut rng, &ciphertext);
-            s.handle_decrypt_result(plain, now);
+            s.handle_answer(Answer::Decrypted(plain), now);
         }
     }
     while let Some(b) = s.poll_transmit() {
@@ -227,7 +227,8 @@ fn rsa_can_run_in_the_driver_and_input_waits_for_it() {
     s.handle_input(&[0xDF], now);
     assert!(s.poll_transmit().is_none());
     let mut rng = <mpush_protocol::crypto::Rng as rand_core::SeedableRng>::seed_from_u64(9);
-    s.handle_decrypt_result(default_key().decrypt(&mut rng, &ciphertext), now);
+    let plain = default_key().decrypt(&mut rng, &ciphertext);
+    s.handle_answer(Answer::Decrypted(plain), now);
     let (frames, events) = drain(&mut s);
     assert!(s.is_established());
     assert!(matches!(

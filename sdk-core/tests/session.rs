@@ -11,7 +11,7 @@ use mpush_protocol::Instant;
 use mpush_protocol::crypto::RsaPrivate;
 use mpush_protocol::message::Redirect;
 use mpush_protocol::server::{
-    OutboundPush, ServerConfig, ServerConnection, ServerEvent, UpPushRefusal,
+    Answer, BindRefusal, OutboundPush, ServerConfig, ServerConnection, ServerEvent, UpPushRefusal,
 };
 use mpush_protocol::session::{AckMode, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
@@ -131,17 +131,22 @@ impl Net {
                 self.store.insert(r.session_id.clone(), r.clone());
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
-                s.handle_resume_result(self.store.get(session_id).cloned(), now);
+                s.handle_answer(Answer::Session(self.store.get(session_id).cloned()), now);
             }
             ServerEvent::BindRequested {
                 request, user_id, ..
             } => {
                 let result = if user_id.starts_with("refused") {
-                    Err("user not allowed".to_owned())
+                    Err(BindRefusal::Unauthorized("user not allowed".to_owned()))
                 } else {
                     Ok(())
                 };
-                s.handle_bind_result(*request, user_id, result);
+                let answer = Answer::Bind {
+                    request: *request,
+                    user_id: user_id.clone(),
+                    result,
+                };
+                s.handle_answer(answer, now);
             }
             ServerEvent::UpPush { content, reply, .. } => {
                 let result = if content.starts_with(b"busy") {
@@ -152,7 +157,11 @@ impl Net {
                 } else {
                     Ok(())
                 };
-                s.handle_up_push_result(*reply, result);
+                let answer = Answer::UpPush {
+                    reply: *reply,
+                    result,
+                };
+                s.handle_answer(answer, now);
             }
             _ => {}
         }

@@ -12,7 +12,8 @@ use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::machine::{Input, ServerMachine, Transmit};
 use mpush_protocol::server::{
-    CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent, UpPushRefusal,
+    Answer, BindRefusal, CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent,
+    UpPushRefusal,
 };
 use mpush_protocol::session::{DeviceInfo, Profile};
 use tracing::{debug, info};
@@ -294,7 +295,9 @@ impl<T: Transport> Driver<T> {
                 // connection needs; this state exists only during a handshake.
                 let job = self.gw.rsa.decrypt(ciphertext);
                 match Box::pin(tokio::time::timeout_at(deadline, job)).await {
-                    Ok(Ok(plain)) => self.machine.handle_decrypt_result(plain, Instant::now()),
+                    Ok(Ok(plain)) => self
+                        .machine
+                        .handle_answer(Answer::Decrypted(plain), Instant::now()),
                     Ok(Err(refused)) => {
                         debug!(peer = %self.peer, %refused, "handshake refused");
                         self.machine.close();
@@ -307,7 +310,8 @@ impl<T: Transport> Driver<T> {
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
                 let record = Box::pin(hub.session(&session_id)).await;
-                self.machine.handle_resume_result(record, Instant::now());
+                self.machine
+                    .handle_answer(Answer::Session(record), Instant::now());
             }
             ServerEvent::Resumed {
                 device,
@@ -340,7 +344,8 @@ impl<T: Transport> Driver<T> {
                 if self.user.as_deref() == Some(user_id.as_str()) {
                     self.user = None;
                 }
-                self.machine.handle_unbind_result(request, true);
+                self.machine
+                    .handle_answer(Answer::Unbind { request, ok: true }, Instant::now());
             }
             ServerEvent::UpPush {
                 content,
@@ -360,7 +365,7 @@ impl<T: Transport> Driver<T> {
                     Err(UpRefusal::RateLimited(_)) => self.rate_refusals += 1,
                     _ => self.rate_refusals = 0,
                 }
-                let answer = result.map_err(|e| {
+                let result = result.map_err(|e| {
                     debug!(conn = self.conn_id, refused = %e, "up-push refused");
                     if e.retryable() {
                         UpPushRefusal::RetryLater(e.to_string())
@@ -368,7 +373,8 @@ impl<T: Transport> Driver<T> {
                         UpPushRefusal::Rejected(e.to_string())
                     }
                 });
-                self.machine.handle_up_push_result(reply, answer);
+                self.machine
+                    .handle_answer(Answer::UpPush { reply, result }, Instant::now());
                 let abuse = hub.cfg().settings.limits.up_push_abuse_refusals;
                 if self.rate_refusals >= abuse {
                     info!(conn = self.conn_id, peer = %self.peer, refusals = self.rate_refusals, "closed: up-pushes over the rate limit");
@@ -448,16 +454,25 @@ impl<T: Transport> Driver<T> {
             Ok(u) => u,
             Err(reason) => {
                 debug!(conn = self.conn_id, peer = %self.peer, %reason, "bind refused");
-                self.machine
-                    .handle_bind_result(request, &user_id, Err(reason));
+                let answer = Answer::Bind {
+                    request,
+                    user_id,
+                    result: Err(BindRefusal::Unauthorized(reason)),
+                };
+                self.machine.handle_answer(answer, Instant::now());
                 return;
             }
         };
         self.user = Some(user.clone());
         tracing::Span::current().record("user", &*user);
-        self.machine.handle_bind_result(request, &user_id, Ok(()));
-        hub.lifecycle(Lifecycle::Bound, &user, &info, None);
         info!(conn = self.conn_id, user = %user_id, device = %info.device_id, "bound");
+        let answer = Answer::Bind {
+            request,
+            user_id,
+            result: Ok(()),
+        };
+        self.machine.handle_answer(answer, Instant::now());
+        hub.lifecycle(Lifecycle::Bound, &user, &info, None);
         // The offline inbox, in order.
         for push in hub.replay_inbox(&user, &info).await {
             self.push(push);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
 use mpush_protocol::dedup::DedupWindow;
-use mpush_protocol::server::{OutboundPush, ServerConfig, ServerConnection, ServerEvent};
+use mpush_protocol::server::{Answer, OutboundPush, ServerConfig, ServerConnection, ServerEvent};
 use mpush_protocol::session::AckMode;
 use mpush_protocol::testing::{default_key, test_device};
 
@@ -41,7 +41,14 @@ pub extern "C" fn mpush_probe(seed: u64, v2: u32) -> u32 {
                 request, user_id, ..
             } = e
             {
-                server.handle_bind_result(request, &user_id, Ok(()));
+                server.handle_answer(
+                    Answer::Bind {
+                        request,
+                        user_id,
+                        result: Ok(()),
+                    },
+                    now,
+                );
             }
         }
         while let Some(b) = server.poll_transmit() {
@@ -103,7 +110,14 @@ pub extern "C" fn mpush_session_probe(seed: u64) -> u32 {
                 request, user_id, ..
             } = e
             {
-                server.handle_bind_result(request, &user_id, Ok(()));
+                server.handle_answer(
+                    Answer::Bind {
+                        request,
+                        user_id,
+                        result: Ok(()),
+                    },
+                    now,
+                );
             }
         }
         while let Some(b) = server.poll_transmit() {
