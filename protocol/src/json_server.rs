@@ -19,7 +19,7 @@ use crate::ProtocolError;
 use crate::liveness::{Check, Liveness};
 use crate::message::json::{self, JsonPacket};
 use crate::packet::Command;
-use crate::pending::PendingPushes;
+use crate::server::pending::PendingPushes;
 use crate::server::{
     Answer, BindRefusal, CloseReason, OutboundPush, PushError, ServerConfig, ServerEvent,
     UpPushRefusal, UpPushReply,

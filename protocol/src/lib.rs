@@ -19,8 +19,6 @@ mod liveness;
 pub mod machine;
 pub mod message;
 pub mod packet;
-#[cfg(feature = "classic")]
-mod pending;
 pub mod wire;
 
 pub use error::{CryptoError, DecodeError, FrameError, ProtocolError};

@@ -64,20 +64,36 @@ impl std::fmt::Debug for BindAuth {
     }
 }
 
+/// What bind tokens are checked with (from `security.*` in the settings;
+/// the configuration builds it, so this layer does not read the settings).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenKeys<'a> {
+    /// `bind_secret`: HMAC tokens (`user.expiry.mac`).
+    pub bind_secret: &'a str,
+    /// `jwt_secret` (HS256), or `jwt_public_key` / `jwt_public_key_file` (ES256, RS256).
+    pub jwt_secret: &'a str,
+    pub jwt_public_key: &'a str,
+    pub jwt_public_key_file: &'a str,
+    pub jwt_issuer: &'a str,
+    pub jwt_audience: &'a str,
+    /// A token that expires further away than this is refused; 0: no limit.
+    pub max_bind_token_lifetime_secs: u64,
+}
+
 impl BindAuth {
-    /// From the security settings; `Err` names what is wrong with a key.
-    pub fn new(s: &crate::config::Security) -> Result<Self, String> {
+    /// From the token keys; `Err` names what is wrong with a key.
+    pub fn new(s: &TokenKeys<'_>) -> Result<Self, String> {
         let public = if !s.jwt_public_key.is_empty() {
-            Some(s.jwt_public_key.clone())
+            Some(s.jwt_public_key.to_owned())
         } else if !s.jwt_public_key_file.is_empty() {
             Some(
-                std::fs::read_to_string(&s.jwt_public_key_file)
+                std::fs::read_to_string(s.jwt_public_key_file)
                     .map_err(|e| format!("{}: {e}", s.jwt_public_key_file))?,
             )
         } else {
             None
         };
-        let key = match (s.jwt_secret.as_str(), public) {
+        let key = match (s.jwt_secret, public) {
             ("", None) => None,
             (secret, None) => {
                 if secret.len() < 32 {
@@ -107,17 +123,17 @@ impl BindAuth {
             validation.leeway = 30;
             validation.set_required_spec_claims(&["exp", "sub"]);
             if !s.jwt_issuer.is_empty() {
-                validation.set_issuer(&[&s.jwt_issuer]);
+                validation.set_issuer(&[s.jwt_issuer]);
             }
             if s.jwt_audience.is_empty() {
                 validation.validate_aud = false;
             } else {
-                validation.set_audience(&[&s.jwt_audience]);
+                validation.set_audience(&[s.jwt_audience]);
             }
             Jwt { key, validation }
         });
         Ok(Self {
-            hmac_secret: s.bind_secret.clone(),
+            hmac_secret: s.bind_secret.to_owned(),
             jwt,
             max_lifetime: (s.max_bind_token_lifetime_secs > 0)
                 .then_some(s.max_bind_token_lifetime_secs),
@@ -258,7 +274,7 @@ mod tests {
     fn auth(f: impl FnOnce(&mut Security)) -> BindAuth {
         let mut s = Security::default();
         f(&mut s);
-        BindAuth::new(&s).expect("valid")
+        BindAuth::new(&s.token_keys()).expect("valid")
     }
 
     #[test]

@@ -137,6 +137,21 @@ pub struct Security {
     pub cors_origins: Vec<String>,
 }
 
+impl Security {
+    /// What bind tokens are checked with.
+    pub fn token_keys(&self) -> crate::auth::TokenKeys<'_> {
+        crate::auth::TokenKeys {
+            bind_secret: &self.bind_secret,
+            jwt_secret: &self.jwt_secret,
+            jwt_public_key: &self.jwt_public_key,
+            jwt_public_key_file: &self.jwt_public_key_file,
+            jwt_issuer: &self.jwt_issuer,
+            jwt_audience: &self.jwt_audience,
+            max_bind_token_lifetime_secs: self.max_bind_token_lifetime_secs,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
@@ -740,7 +755,8 @@ impl Settings {
         // By value: mpush's published key pasted in (in any format) is as
         // public as the one left unset.
         let default_key = private_key.is_mpush_published();
-        let bind_auth = crate::auth::BindAuth::new(s).map_err(|e| invalid("security.jwt", e))?;
+        let bind_auth =
+            crate::auth::BindAuth::new(&s.token_keys()).map_err(|e| invalid("security.jwt", e))?;
         if !c.redis.is_empty() && !c.secret.is_empty() && c.secret.len() < 32 {
             return Err(invalid(
                 "cluster.secret",
@@ -846,11 +862,6 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
     crate::tls::Tls::new(Path::new(&t.cert_file), Path::new(&t.key_file))
         .map(Some)
         .map_err(|e| invalid("tls.cert_file", e))
-}
-
-/// A URL fit to print or log (see [`crate::redact::mask_url`]).
-pub fn mask_url_password(url: &str) -> String {
-    crate::redact::mask_url(url)
 }
 
 fn validate_sinks(s: &Sinks, clustered: bool) -> Result<(), ConfigError> {

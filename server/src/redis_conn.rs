@@ -250,7 +250,7 @@ impl RedisHandle {
                 .map_err(|_| {
                     anyhow::anyhow!(
                         "redis cluster at {} did not answer",
-                        crate::config::mask_url_password(url)
+                        crate::redact::mask_url(url)
                     )
                 })??;
             // Pub/sub messages are broadcast to every node of a Redis Cluster,
@@ -274,7 +274,7 @@ impl RedisHandle {
             Some(s) => resolve_master(s, timeout).await.ok_or_else(|| {
                 anyhow::anyhow!(
                     "no sentinel of {} knows master `{}`",
-                    crate::config::mask_url_password(url),
+                    crate::redact::mask_url(url),
                     s.master_name
                 )
             })?,
@@ -289,7 +289,7 @@ impl RedisHandle {
         .map_err(|_| {
             anyhow::anyhow!(
                 "redis at {} did not answer",
-                crate::config::mask_url_password(&target)
+                crate::redact::mask_url(&target)
             )
         })??;
         Ok(Self(Arc::new(Inner {
@@ -349,14 +349,14 @@ impl RedisHandle {
                 .await
                 {
                     Ok(Ok(m)) => {
-                        let shown = crate::config::mask_url_password(&master);
+                        let shown = crate::redact::mask_url(&master);
                         info!(master = %shown, "redis master moved (sentinel); following it");
                         *inner.manager.write() = RedisConn::Single(m);
                         *inner.client.write() = client;
                         *inner.master.lock() = master;
                     }
                     _ => warn!(
-                        master = %crate::config::mask_url_password(&master),
+                        master = %crate::redact::mask_url(&master),
                         "new redis master not reachable yet"
                     ),
                 }

@@ -3,8 +3,7 @@
 use std::process::Command;
 
 use mpush_protocol::crypto::{RsaPrivate, RsaPublic};
-use mpush_server::auth::BindAuth;
-use mpush_server::config::Security;
+use mpush_server::auth::{BindAuth, TokenKeys};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mpush-server"))
@@ -76,8 +75,8 @@ fn keygen_writes_a_key_pair_and_token_mints_what_the_server_accepts() {
         ])
         .env("MPUSH__SECURITY__JWT_SECRET", secret));
     assert!(ok, "{stderr}");
-    let auth = BindAuth::new(&Security {
-        jwt_secret: secret.into(),
+    let auth = BindAuth::new(&TokenKeys {
+        jwt_secret: secret,
         ..Default::default()
     })
     .expect("auth");
@@ -91,8 +90,9 @@ fn keygen_writes_a_key_pair_and_token_mints_what_the_server_accepts() {
     // RS256 with the generated key; the server verifies with the public half.
     let (ok, token, stderr) = out(bin().args(["token", "--user", "bob", "--key"]).arg(&key));
     assert!(ok, "{stderr}");
-    let auth = BindAuth::new(&Security {
-        jwt_public_key: pem("PUBLIC KEY", &public_b64),
+    let public = pem("PUBLIC KEY", &public_b64);
+    let auth = BindAuth::new(&TokenKeys {
+        jwt_public_key: &public,
         ..Default::default()
     })
     .expect("auth");

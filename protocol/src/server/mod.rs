@@ -25,6 +25,7 @@
 //! | `resume.rs` | fast connect |
 //! | `requests.rs` | bind, unbind, up-push, HTTP proxy |
 //! | `push.rs` | pushes, ACKs, kick, redirect |
+//! | `pending.rs` | pushes awaiting their ACK (shared with the JSON machine) |
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -39,13 +40,14 @@ use crate::error::{FrameError, ProtocolError};
 use crate::liveness::{Check, Liveness};
 use crate::message::{Ack, Body, ErrorCode, ErrorMessage, FastConnect, OkMessage};
 use crate::packet::{Command, Decoder, Flags, Frame, Packet};
-use crate::pending::PendingPushes;
 use crate::seal::{Sealer, Side};
 use crate::session::Profile;
+use pending::PendingPushes;
 
 mod config;
 mod events;
 mod handshake;
+pub(crate) mod pending;
 mod push;
 mod requests;
 mod resume;

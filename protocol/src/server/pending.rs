@@ -7,8 +7,8 @@ use std::collections::{HashMap, VecDeque};
 
 use web_time::Instant;
 
+use super::{OutboundPush, PushError, ServerEvent};
 use crate::ack::RetryPolicy;
-use crate::server::{OutboundPush, PushError, ServerEvent};
 
 #[derive(Debug)]
 struct InFlight {
