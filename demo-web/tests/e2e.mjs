@@ -31,7 +31,7 @@ const freePort = () =>
 // The backend for up-pushes: the CLI's receiver, echoing each one back to
 // its sender through the server's API (ports chosen first: each names the other).
 const mpushCli = join(root, "target", "debug", "mpush");
-assert.ok(existsSync(mpushCli), "build the CLI first: cargo build -p mpush-sdk-core --features cli --bin mpush");
+assert.ok(existsSync(mpushCli), "build the CLI first: cargo build -p mpush-cli");
 const [hookPort, httpPort] = [await freePort(), await freePort()];
 const secret = "demo-secret-0123456789";
 const hook = spawn(mpushCli, ["webhook-listen", "--listen", `127.0.0.1:${hookPort}`, "--secret", secret, "--echo-api", `http://127.0.0.1:${httpPort}`], { stdio: ["ignore", "pipe", "inherit"] });
