@@ -173,7 +173,7 @@ impl<T: Transport> Driver<T> {
 
     fn drain(&mut self) {
         self.draining = true;
-        let redirect = self.gw.hub.redirect_for(T::NAME);
+        let redirect = self.gw.hub.redirect_for(T::KIND);
         self.machine.redirect(&redirect);
     }
 
@@ -436,7 +436,7 @@ impl<T: Transport> Driver<T> {
             self.conn_id,
             &device,
             profile,
-            T::NAME,
+            T::KIND,
             unix_ms(),
             no_tags(),
         )));

@@ -21,7 +21,8 @@ pub enum Incoming {
 }
 
 pub trait Transport: Send + 'static {
-    const NAME: &'static str;
+    /// Which gateway this is.
+    const KIND: crate::route::Transport;
     /// Cancel-safe: used in `select!`.
     fn recv(&mut self) -> impl Future<Output = io::Result<Incoming>> + Send;
     fn send(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
@@ -34,7 +35,7 @@ pub trait Transport: Send + 'static {
 pub struct Tcp(pub TcpStream);
 
 impl Transport for Tcp {
-    const NAME: &'static str = "tcp";
+    const KIND: crate::route::Transport = crate::route::Transport::Tcp;
 
     async fn recv(&mut self) -> io::Result<Incoming> {
         loop {
@@ -75,7 +76,7 @@ impl Transport for Tcp {
 pub struct TlsTcp(pub Box<TlsStream<TcpStream>>);
 
 impl Transport for TlsTcp {
-    const NAME: &'static str = "tcp";
+    const KIND: crate::route::Transport = crate::route::Transport::Tcp;
 
     async fn recv(&mut self) -> io::Result<Incoming> {
         // rustls keeps its own buffers per connection; this one only lives
@@ -115,7 +116,7 @@ impl<S> Transport for Ws<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    const NAME: &'static str = "ws";
+    const KIND: crate::route::Transport = crate::route::Transport::Ws;
 
     async fn recv(&mut self) -> io::Result<Incoming> {
         match self.0.next().await {

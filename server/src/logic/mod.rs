@@ -30,7 +30,7 @@ use parking_lot::RwLock;
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg, NodeInfo};
 use crate::config::Validated;
-use crate::route::{RedisRoutes, RouteStore, Router};
+use crate::route::{RedisRoutes, RouteStore, Router, Transport};
 use crate::sink::Sinks;
 use crate::store::{
     IdempotencyStore, InboxStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
@@ -465,16 +465,16 @@ impl Hub {
         let _ = self.shutdown.send(true);
     }
 
-    /// What a draining connection of `transport` ("tcp" or "ws") is told:
+    /// What a draining connection of `transport` is told:
     /// an address of its own transport, and a jittered wait so the clients
     /// of one node do not all arrive at once.
-    pub fn redirect_for(&self, transport: &str) -> Redirect {
+    pub fn redirect_for(&self, transport: Transport) -> Redirect {
         let s = &self.cfg.settings.shutdown;
         let address = match (&*self.redirect.read(), transport) {
-            (Some(n), "ws") if !n.ws.is_empty() => n.ws.clone(),
-            (Some(n), "tcp") => n.tcp.clone(),
-            _ if transport == "ws" => s.redirect_to_ws.clone(),
-            _ => s.redirect_to.clone(),
+            (Some(n), Transport::Ws) if !n.ws.is_empty() => n.ws.clone(),
+            (Some(n), Transport::Tcp) => n.tcp.clone(),
+            (_, Transport::Ws) => s.redirect_to_ws.clone(),
+            (_, Transport::Tcp) => s.redirect_to.clone(),
         };
         let jitter = s.redirect_jitter_ms.max(1);
         let spread = u32::try_from(crate::clock::random_below(u64::from(jitter))).unwrap_or(0);

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::Hub;
 use crate::cluster::KickMsg;
-use crate::route::{ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, Target};
+use crate::route::{ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, Target, Transport};
 use crate::store::StoreError;
 
 /// One online device of a user, on this node or another.
@@ -27,7 +27,7 @@ pub struct DeviceView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub transport: Option<&'static str>,
+    pub transport: Option<Transport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connected_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use super::Hub;
 use crate::clock::unix_ms;
 use crate::config::Limits;
-use crate::route::ConnInfo;
+use crate::route::{ConnInfo, Transport};
 use crate::sink::{Refusal, SinkEvent};
 
 /// Why an up-push was not accepted.
@@ -105,7 +105,7 @@ struct LifecycleEvent<'a> {
     user_id: &'a str,
     device_id: &'a str,
     client_type: i32,
-    transport: &'static str,
+    transport: Transport,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
     at: i64,

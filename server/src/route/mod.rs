@@ -43,6 +43,26 @@ pub struct Kick {
     pub user_id: String,
 }
 
+/// Which gateway a connection came through (with or without TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// The TCP gateway (mpush's binary packets).
+    Tcp,
+    /// The WebSocket gateway (binary packets, or mpush's JSON text frames).
+    Ws,
+}
+
+impl Transport {
+    /// Its name in settings (`tls.listeners`), events and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Ws => "ws",
+        }
+    }
+}
+
 /// Facts about a live connection (one per connection: kept compact).
 #[derive(Debug)]
 pub struct ConnInfo {
@@ -53,7 +73,7 @@ pub struct ConnInfo {
     about: Box<str>,
     pub client_type: i32,
     pub profile: Profile,
-    pub transport: &'static str,
+    pub transport: Transport,
     pub connected_at_ms: i64,
     /// Shared, not copied, by each broadcast's filter.
     pub tags: RwLock<Arc<str>>,
@@ -64,7 +84,7 @@ impl ConnInfo {
         id: u64,
         device: &DeviceInfo,
         profile: Profile,
-        transport: &'static str,
+        transport: Transport,
         connected_at_ms: i64,
         tags: Arc<str>,
     ) -> Self {
