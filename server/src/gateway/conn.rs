@@ -22,7 +22,7 @@ use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
-use crate::logic::{Lifecycle, UpRefusal};
+use crate::logic::{Lifecycle, UpPushStrikes};
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
 struct Driver<T: Transport> {
@@ -43,7 +43,7 @@ struct Driver<T: Transport> {
     unwritten: Vec<(Arc<str>, Option<Instant>, Option<u64>)>,
     draining: bool,
     /// Up-pushes refused for this connection's or user's rate in a row.
-    rate_refusals: u32,
+    strikes: UpPushStrikes,
     accepted: Instant,
     /// This connection's place in its address's count; freed with the driver.
     _slot: IpSlot,
@@ -80,7 +80,7 @@ pub async fn serve<T: Transport>(
         tx,
         unwritten: Vec::new(),
         draining: false,
-        rate_refusals: 0,
+        strikes: UpPushStrikes::default(),
         accepted: now,
         _slot: slot,
     };
@@ -359,13 +359,15 @@ impl<T: Transport> Driver<T> {
                 // Awaited here: a connection's up-pushes reach the sinks in
                 // the order it sent them, and a client that sends faster than
                 // they accept is slowed down (its socket is not read meanwhile).
-                let result =
-                    Box::pin(hub.up_push(self.user.as_ref(), &info, &content, message_id)).await;
-                match &result {
-                    Err(UpRefusal::RateLimited(_)) => self.rate_refusals += 1,
-                    _ => self.rate_refusals = 0,
-                }
-                let result = result.map_err(|e| {
+                let up = hub.up_push(
+                    self.user.as_ref(),
+                    &info,
+                    &content,
+                    message_id,
+                    &mut self.strikes,
+                );
+                let outcome = Box::pin(up).await;
+                let result = outcome.result.map_err(|e| {
                     debug!(conn = self.conn_id, refused = %e, "up-push refused");
                     if e.retryable() {
                         UpPushRefusal::RetryLater(e.to_string())
@@ -375,10 +377,8 @@ impl<T: Transport> Driver<T> {
                 });
                 self.machine
                     .handle_answer(Answer::UpPush { reply, result }, Instant::now());
-                let abuse = hub.cfg().settings.limits.up_push_abuse_refusals;
-                if self.rate_refusals >= abuse {
-                    info!(conn = self.conn_id, peer = %self.peer, refusals = self.rate_refusals, "closed: up-pushes over the rate limit");
-                    metrics::counter!("mpush_up_push_abuse_closed_total").increment(1);
+                if outcome.close {
+                    info!(conn = self.conn_id, peer = %self.peer, "closed: up-pushes over the rate limit");
                     self.machine.close();
                 }
             }

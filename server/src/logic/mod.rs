@@ -39,7 +39,7 @@ use crate::store::{
 pub use delivery::{MessageSpec, UserOutcome, UserStatus};
 pub use session::{DeviceView, UserView};
 use trace::Tracer;
-pub use upstream::{Lifecycle, UpRefusal, up_push_id};
+pub use upstream::{Lifecycle, UpPushOutcome, UpPushStrikes, UpRefusal, up_push_id};
 
 /// The stores a node runs on.
 pub struct Stores {

@@ -41,6 +41,20 @@ impl UpRefusal {
     }
 }
 
+/// A connection's record of up-pushes refused for its rate in a row; the
+/// gateway holds one per connection and hands it to every `up_push`.
+#[derive(Debug, Default)]
+pub struct UpPushStrikes(u32);
+
+/// What became of an up-push: the answer for the client, and whether the
+/// connection is to be closed (this many rate refusals in a row, the
+/// `limits.up_push_abuse_refusals` setting, is abuse, not a burst).
+#[derive(Debug)]
+pub struct UpPushOutcome {
+    pub result: Result<(), UpRefusal>,
+    pub close: bool,
+}
+
 /// The per-connection and per-user up-push limiters (governor's keyed
 /// GCRA: state only for keys that sent recently; swept every 30 s).
 pub(super) struct UpLimits {
@@ -151,8 +165,29 @@ pub fn up_push_id(device_id: &str, message_id: Option<u64>) -> String {
 
 impl Hub {
     /// A client's up-push: accepted once every sink that takes up-pushes
-    /// accepted it.
+    /// accepted it; `strikes` is the connection's count of rate refusals
+    /// in a row, and the outcome says when they reach the abuse limit.
     pub async fn up_push(
+        &self,
+        user: Option<&Arc<str>>,
+        info: &ConnInfo,
+        content: &[u8],
+        message_id: Option<u64>,
+        strikes: &mut UpPushStrikes,
+    ) -> UpPushOutcome {
+        let result = self.hand_up_push(user, info, content, message_id).await;
+        match &result {
+            Err(UpRefusal::RateLimited(_)) => strikes.0 += 1,
+            _ => strikes.0 = 0,
+        }
+        let close = strikes.0 >= self.cfg.settings.limits.up_push_abuse_refusals;
+        if close {
+            metrics::counter!("mpush_up_push_abuse_closed_total").increment(1);
+        }
+        UpPushOutcome { result, close }
+    }
+
+    async fn hand_up_push(
         &self,
         user: Option<&Arc<str>>,
         info: &ConnInfo,
