@@ -51,6 +51,32 @@ pub struct BindAuth {
     max_lifetime: Option<u64>,
 }
 
+/// Why a bind token does not let a client bind (the words are the ones the
+/// logs, the close reason and the docs use).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    #[error("bind token is longer than {MAX_TOKEN_LEN} bytes")]
+    TooLong,
+    #[error("bind token missing or malformed")]
+    Malformed,
+    /// The JWT did not verify (signature, algorithm, expiry, issuer, audience).
+    #[error("bind token: {0}")]
+    Invalid(String),
+    #[error("bind token is for another user")]
+    OtherUser,
+    #[error("bind token is for another client type")]
+    OtherClientType,
+    #[error("bind token expiry is not a number")]
+    BadExpiry,
+    #[error("bind token expired")]
+    Expired,
+    #[error("bind token does not match the user")]
+    Mismatch,
+    #[error("bind token expires in more than {0} s (security.max_bind_token_lifetime_secs)")]
+    LivesTooLong(i64),
+}
+
 /// The longest bind token a server that checks tokens reads: far above any
 /// JWT it issues (an RS256 token with a few claims is under 1 KiB).
 pub const MAX_TOKEN_LEN: usize = 8192;
@@ -146,24 +172,24 @@ impl BindAuth {
     }
 
     /// Checks `token` for binding `user_id` from a client of `client_type`.
-    pub fn check(&self, user_id: &str, client_type: i32, token: &str) -> Result<Grant, String> {
+    pub fn check(&self, user_id: &str, client_type: i32, token: &str) -> Result<Grant, TokenError> {
         if self.is_anonymous() {
             return Ok(Grant::default());
         }
         if token.len() > MAX_TOKEN_LEN {
-            return Err(format!("bind token is longer than {MAX_TOKEN_LEN} bytes"));
+            return Err(TokenError::TooLong);
         }
         let looks_jwt = token.bytes().filter(|b| *b == b'.').count() == 2;
         match (&self.jwt, looks_jwt) {
             (Some(j), true) => {
                 let data = jsonwebtoken::decode::<Claims>(token, &j.key, &j.validation)
-                    .map_err(|e| format!("bind token: {e}"))?;
+                    .map_err(|e| TokenError::Invalid(e.to_string()))?;
                 let c = data.claims;
                 if c.sub != user_id {
-                    return Err("bind token is for another user".into());
+                    return Err(TokenError::OtherUser);
                 }
                 if c.client_type.is_some_and(|ct| ct != client_type) {
-                    return Err("bind token is for another client type".into());
+                    return Err(TokenError::OtherClientType);
                 }
                 self.check_lifetime(i64::try_from(c.exp).unwrap_or(i64::MAX))?;
                 Ok(Grant { tags: c.tags })
@@ -173,7 +199,7 @@ impl BindAuth {
                 self.check_lifetime(exp)?;
                 Ok(Grant::default())
             }
-            _ => Err("bind token missing or malformed".into()),
+            _ => Err(TokenError::Malformed),
         }
     }
 }
@@ -181,16 +207,14 @@ impl BindAuth {
 impl BindAuth {
     /// A token expiring at `exp` (Unix seconds) lives no longer than
     /// `max_bind_token_lifetime_secs` from now (with the JWT leeway).
-    fn check_lifetime(&self, exp: i64) -> Result<(), String> {
+    fn check_lifetime(&self, exp: i64) -> Result<(), TokenError> {
         let Some(max) = self.max_lifetime else {
             return Ok(());
         };
         let now = unix_ms() / 1000;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         if exp.saturating_sub(now) > max.saturating_add(30) {
-            return Err(format!(
-                "bind token expires in more than {max} s (security.max_bind_token_lifetime_secs)"
-            ));
+            return Err(TokenError::LivesTooLong(max));
         }
         Ok(())
     }
@@ -237,21 +261,17 @@ pub enum MintKey {
 
 /// mpush-style bind tokens: `<unix expiry seconds>.<hex HMAC-SHA256(secret, userId "." expiry)>`;
 /// the expiry of a valid one.
-pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<i64, String> {
-    let (exp, _) = token
-        .split_once('.')
-        .ok_or("bind token missing or malformed")?;
-    let exp: i64 = exp
-        .parse()
-        .map_err(|_| "bind token expiry is not a number")?;
+pub fn check_hmac_token(secret: &str, user_id: &str, token: &str) -> Result<i64, TokenError> {
+    let (exp, _) = token.split_once('.').ok_or(TokenError::Malformed)?;
+    let exp: i64 = exp.parse().map_err(|_| TokenError::BadExpiry)?;
     if exp.saturating_mul(1000) < unix_ms() {
-        return Err("bind token expired".into());
+        return Err(TokenError::Expired);
     }
     let want = sign_bind_token(secret, user_id, exp);
     if mpush_protocol::crypto::verify_mac(want.as_bytes(), token.as_bytes()) {
         Ok(exp)
     } else {
-        Err("bind token does not match the user".into())
+        Err(TokenError::Mismatch)
     }
 }
 
@@ -342,7 +362,11 @@ mod tests {
         assert!(a.check("ann", 1, &hour).is_ok());
         let year = mint_jwt(&key, "ann", 365 * 86_400, None, None).expect("minted");
         let e = a.check("ann", 1, &year).expect_err("too long-lived");
-        assert!(e.contains("max_bind_token_lifetime_secs"), "{e}");
+        assert!(matches!(e, TokenError::LivesTooLong(_)), "{e}");
+        assert!(
+            e.to_string().contains("max_bind_token_lifetime_secs"),
+            "{e}"
+        );
         let h = auth(|s| {
             s.bind_secret = "s3cret".into();
             s.max_bind_token_lifetime_secs = 60;
@@ -363,7 +387,8 @@ mod tests {
         let e = a
             .check("ann", 1, &"x.y.".repeat(4000))
             .expect_err("too long");
-        assert!(e.contains("longer than"), "{e}");
+        assert_eq!(e, TokenError::TooLong);
+        assert!(e.to_string().contains("longer than"), "{e}");
     }
 
     fn base64_url(s: &str) -> String {

@@ -457,7 +457,7 @@ impl<T: Transport> Driver<T> {
                 let answer = Answer::Bind {
                     request,
                     user_id,
-                    result: Err(BindRefusal::Unauthorized(reason)),
+                    result: Err(BindRefusal::Unauthorized(reason.to_string())),
                 };
                 self.machine.handle_answer(answer, Instant::now());
                 return;

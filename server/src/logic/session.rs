@@ -7,6 +7,7 @@ use mpush_protocol::session::SessionRecord;
 use serde::Serialize;
 
 use super::Hub;
+use crate::auth::TokenError;
 use crate::cluster::KickMsg;
 use crate::route::{ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, Target, Transport};
 use crate::store::StoreError;
@@ -92,7 +93,7 @@ impl Hub {
         tags: String,
         token: &str,
         previous: Option<&Arc<str>>,
-    ) -> Result<Arc<str>, String> {
+    ) -> Result<Arc<str>, TokenError> {
         let grant = self
             .cfg
             .bind_auth
