@@ -632,7 +632,7 @@ async fn kick(
         .hub
         .kick_user(&user, ct)
         .await
-        .map_err(ApiError::unavailable)?;
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
     if kicked == 0 {
         return Err(ApiError::not_found(format!(
             "`{user}` has no online device to kick"

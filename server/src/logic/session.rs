@@ -9,7 +9,9 @@ use serde::Serialize;
 use super::Hub;
 use crate::auth::TokenError;
 use crate::cluster::KickMsg;
-use crate::route::{ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, Target, Transport};
+use crate::route::{
+    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Target, Transport,
+};
 use crate::store::StoreError;
 
 /// One online device of a user, on this node or another.
@@ -144,12 +146,12 @@ impl Hub {
 
     /// Kicks `user`'s connections (of `client_type`, when given) on every
     /// node: KICK, then close. Returns how many were told.
-    pub async fn kick_user(&self, user: &str, client_type: Option<i32>) -> Result<usize, String> {
-        let targets = self
-            .router
-            .resolve(user, client_type)
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn kick_user(
+        &self,
+        user: &str,
+        client_type: Option<i32>,
+    ) -> Result<usize, RouteError> {
+        let targets = self.router.resolve(user, client_type).await?;
         let mut n = 0;
         for t in targets {
             match t {
