@@ -27,10 +27,25 @@ use crate::config::{Sinks as SinkSettings, WebhookMode};
 use crate::redis_conn::RedisHandle;
 pub use webhook::{SIGNATURE_HEADER, TIMESTAMP_HEADER, sign};
 
+/// Why a far end did not take a batch (it is tried again with a backoff).
+/// `target` is what the logs may show: `POST <url, masked>` or `XADD <key>`.
+#[derive(Debug, thiserror::Error)]
+enum DeliverError {
+    /// No answer: connection refused, reset, TLS, a timeout on the way.
+    #[error("{target}: {reason}")]
+    Unreachable { target: String, reason: String },
+    /// It answered, and not with success.
+    #[error("{target}: {status}")]
+    Refused { target: String, status: String },
+    /// It did not answer within the store's timeout.
+    #[error("{target}: Redis did not answer in time")]
+    Timeout { target: String },
+}
+
 /// One far end: takes a batch of events (JSON objects) or fails.
 #[async_trait]
 trait Deliver: Send + Sync + 'static {
-    async fn deliver(&self, events: &[Bytes]) -> Result<(), String>;
+    async fn deliver(&self, events: &[Bytes]) -> Result<(), DeliverError>;
 }
 
 struct Item {

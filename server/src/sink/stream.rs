@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::Deliver;
+use super::{Deliver, DeliverError};
 use crate::redis_conn::RedisHandle;
 
 pub struct Stream {
@@ -26,7 +26,7 @@ impl Stream {
 
 #[async_trait]
 impl Deliver for Stream {
-    async fn deliver(&self, events: &[Bytes]) -> Result<(), String> {
+    async fn deliver(&self, events: &[Bytes]) -> Result<(), DeliverError> {
         let mut p = redis::pipe();
         for e in events {
             p.cmd("XADD")
@@ -42,8 +42,13 @@ impl Deliver for Stream {
         let mut c = self.redis.conn();
         match tokio::time::timeout(self.redis.timeout(), p.query_async::<()>(&mut c)).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("XADD {}: {e}", self.key)),
-            Err(_) => Err(format!("XADD {}: Redis did not answer in time", self.key)),
+            Ok(Err(e)) => Err(DeliverError::Unreachable {
+                target: format!("XADD {}", self.key),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(DeliverError::Timeout {
+                target: format!("XADD {}", self.key),
+            }),
         }
     }
 }

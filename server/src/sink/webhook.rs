@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use hmac::{KeyInit, Mac};
 
-use super::Deliver;
+use super::{Deliver, DeliverError};
 
 pub const TIMESTAMP_HEADER: &str = "x-mpush-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-mpush-signature";
@@ -70,7 +70,7 @@ fn body(events: &[Bytes]) -> Bytes {
 
 #[async_trait]
 impl Deliver for Webhook {
-    async fn deliver(&self, events: &[Bytes]) -> Result<(), String> {
+    async fn deliver(&self, events: &[Bytes]) -> Result<(), DeliverError> {
         let body = body(events);
         let ts = u64::try_from(crate::clock::unix_ms() / 1000).unwrap_or(0);
         let sig = sign(&self.secret, ts, &body);
@@ -84,7 +84,10 @@ impl Deliver for Webhook {
             .send()
             .await
             // reqwest's error text names the URL: without it, ours masked.
-            .map_err(|e| format!("POST {}: {}", self.shown, e.without_url()))?;
+            .map_err(|e| DeliverError::Unreachable {
+                target: format!("POST {}", self.shown),
+                reason: e.without_url().to_string(),
+            })?;
         let status = r.status();
         // Read a small answer so the connection can be reused; a large one
         // is not read (nor held): the connection is dropped instead.
@@ -99,7 +102,10 @@ impl Deliver for Webhook {
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!("POST {}: {status}", self.shown))
+            Err(DeliverError::Refused {
+                target: format!("POST {}", self.shown),
+                status: status.to_string(),
+            })
         }
     }
 }
