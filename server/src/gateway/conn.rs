@@ -22,7 +22,7 @@ use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
-use crate::logic::{Lifecycle, UpPushStrikes};
+use crate::logic::{Hub, Lifecycle, Outcome, UpPushStrikes};
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
 struct Driver<T: Transport> {
@@ -212,9 +212,14 @@ impl<T: Transport> Driver<T> {
             Err(PushError::Duplicate(_)) => {}
             Err(e) => {
                 if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    self.gw
-                        .hub
-                        .settle_refused(user, info, &trace_id, e.to_string());
+                    let why = e.to_string();
+                    let outcome = Outcome::Refused {
+                        trace_id: &trace_id,
+                        why,
+                    };
+                    // A refusal is settled in the trace alone: nothing to await.
+                    let work = self.gw.hub.settle(user, info, outcome);
+                    debug_assert!(work.is_none(), "a refusal leaves no inbox work");
                 }
             }
         }
@@ -239,10 +244,20 @@ impl<T: Transport> Driver<T> {
                 for at in written.iter().filter_map(|(_, at, _)| *at) {
                     write_delay().record(at.elapsed().as_secs_f64());
                 }
-                if let (Some(user), Some(info)) = (&self.user, &self.info) {
+                if self.user.is_some() {
                     let kept: Vec<u64> = written.iter().filter_map(|(.., k)| *k).collect();
                     let traces: Vec<Arc<str>> = written.into_iter().map(|(t, ..)| t).collect();
-                    self.gw.hub.settle_written(user, info, &traces, &kept).await;
+                    let outcome = Outcome::Written {
+                        traces: &traces,
+                        kept: &kept,
+                    };
+                    settle(
+                        &self.gw.hub,
+                        self.user.as_ref(),
+                        self.info.as_ref(),
+                        outcome,
+                    )
+                    .await;
                 }
             }
             if !busy {
@@ -386,21 +401,37 @@ impl<T: Transport> Driver<T> {
                 if let Some(at) = push.queued_at {
                     ack_delay().record(at.elapsed().as_secs_f64());
                 }
-                if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    hub.settle_acked(user, info, &push).await;
-                }
+                settle(
+                    &self.gw.hub,
+                    self.user.as_ref(),
+                    self.info.as_ref(),
+                    Outcome::Acked(&push),
+                )
+                .await;
             }
             ServerEvent::PushRetried {
                 trace_id, attempt, ..
             } => {
-                if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    hub.settle_retried(user, info, &trace_id, attempt);
-                }
+                let outcome = Outcome::Retried {
+                    trace_id: &trace_id,
+                    attempt,
+                };
+                settle(
+                    &self.gw.hub,
+                    self.user.as_ref(),
+                    self.info.as_ref(),
+                    outcome,
+                )
+                .await;
             }
             ServerEvent::PushTimedOut { push } => {
-                if let (Some(user), Some(info)) = (&self.user, &self.info) {
-                    hub.settle_timed_out(user, info, &push);
-                }
+                settle(
+                    &self.gw.hub,
+                    self.user.as_ref(),
+                    self.info.as_ref(),
+                    Outcome::TimedOut(&push),
+                )
+                .await;
             }
             ServerEvent::Closed { reason, unacked } => {
                 debug!(conn = self.conn_id, peer = %self.peer, ?reason, unacked = unacked.len(), "connection closed");
@@ -420,11 +451,13 @@ impl<T: Transport> Driver<T> {
                         Some(&close_reason(&reason)),
                     );
                 }
-                if let (Some(user), Some(info), false) =
-                    (&self.user, &self.info, unacked.is_empty())
-                {
-                    hub.settle_closed(user, info, unacked).await;
-                }
+                settle(
+                    &self.gw.hub,
+                    self.user.as_ref(),
+                    self.info.as_ref(),
+                    Outcome::Closed(unacked),
+                )
+                .await;
             }
             _ => {}
         }
@@ -522,5 +555,20 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Settles what became of a connection's pushes (once it is bound) and
+/// awaits the inbox work that leaves.
+async fn settle(
+    hub: &Hub,
+    user: Option<&Arc<str>>,
+    info: Option<&Arc<ConnInfo>>,
+    outcome: Outcome<'_>,
+) {
+    if let (Some(user), Some(info)) = (user, info)
+        && let Some(work) = hub.settle(user, info, outcome)
+    {
+        work.await;
     }
 }

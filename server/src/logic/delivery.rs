@@ -135,6 +135,33 @@ impl Attempt {
 
 static NO_DEVICE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
 
+/// What became of pushes on one connection, for `Hub::settle`.
+#[derive(Debug)]
+pub enum Outcome<'a> {
+    /// Written to the socket; `kept`: inbox copies of them (TTL pushes
+    /// without an ACK mode) that waited there until now.
+    Written {
+        traces: &'a [Arc<str>],
+        kept: &'a [u64],
+    },
+    /// Not written: the machine refused it (closed, too many in flight).
+    Refused { trace_id: &'a Arc<str>, why: String },
+    /// Sent again after its ACK did not come.
+    Retried {
+        trace_id: &'a Arc<str>,
+        attempt: u32,
+    },
+    /// Acknowledged by the device: the inbox copy goes.
+    Acked(&'a OutboundPush),
+    /// No ACK after every retry: the inbox copy stays for the next connection.
+    TimedOut(&'a OutboundPush),
+    /// The connection closed with these not acknowledged.
+    Closed(Vec<OutboundPush>),
+}
+
+/// The inbox work an outcome leaves, for the connection to await.
+pub type Settling<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
 impl Hub {
     /// Delivers one message to one user.
     pub async fn push_user(
@@ -756,92 +783,85 @@ impl Hub {
 
     // ----- outcomes, from the connection that holds the push ----------
 
-    /// Pushes written to the socket; `kept`: copies of them (TTL pushes
-    /// without an ACK mode) that waited in the inbox until now.
-    pub async fn settle_written(
-        &self,
-        user: &Arc<str>,
-        info: &ConnInfo,
-        traces: &[Arc<str>],
-        kept: &[u64],
-    ) {
-        for t in traces {
-            self.tracer.conn(t, user, info, TraceState::Delivered, None);
-        }
-        for id in kept {
-            if let Err(e) = self.inbox.remove(user, *id).await {
-                // It stays: the next bind gets it again (the device's
-                // dedup window keeps it to one message for the app).
-                tracing::warn!(error = %e, %user, "a written message stays in the inbox");
+    /// What became of pushes on a connection of `user`. What can be settled
+    /// at once (the trace, metrics) is; work on the inbox store comes back
+    /// as a future for the connection to await, so a connection's task
+    /// carries that state only while there is such work (a written kept
+    /// copy, an ACK, a close with pushes outstanding).
+    #[must_use = "the inbox work runs only when awaited"]
+    pub fn settle<'a>(
+        &'a self,
+        user: &'a Arc<str>,
+        info: &'a ConnInfo,
+        outcome: Outcome<'a>,
+    ) -> Option<Settling<'a>> {
+        match outcome {
+            Outcome::Written { traces, kept } => {
+                for t in traces {
+                    self.tracer.conn(t, user, info, TraceState::Delivered, None);
+                }
+                (!kept.is_empty()).then(|| -> Settling<'a> {
+                    Box::pin(async move {
+                        for id in kept {
+                            if let Err(e) = self.inbox.remove(user, *id).await {
+                                // It stays: the next bind gets it again (the
+                                // device's dedup window keeps it to one
+                                // message for the app).
+                                tracing::warn!(error = %e, %user, "a written message stays in the inbox");
+                            }
+                        }
+                    })
+                })
             }
+            Outcome::Refused { trace_id, why } => {
+                self.tracer
+                    .conn(trace_id, user, info, TraceState::Failed, Some(why.into()));
+                None
+            }
+            Outcome::Retried { trace_id, attempt } => {
+                metrics::counter!("mpush_push_retries_total").increment(1);
+                self.tracer.conn(
+                    trace_id,
+                    user,
+                    info,
+                    TraceState::Dispatched,
+                    Some(format!("resent (retry {attempt})").into()),
+                );
+                None
+            }
+            Outcome::Acked(push) => {
+                let by = match push.ack_mode {
+                    AckMode::Biz => "acknowledged by the app (biz)",
+                    _ => "acknowledged by the SDK (auto)",
+                };
+                self.tracer
+                    .conn(&push.trace_id, user, info, TraceState::Ack, Some(by.into()));
+                metrics::counter!("mpush_acks_total").increment(1);
+                Some(Box::pin(async move {
+                    if let Err(e) = self.inbox.remove(user, push.message_id).await {
+                        tracing::warn!(error = %e, "acknowledged message left in the inbox");
+                    }
+                }))
+            }
+            Outcome::TimedOut(push) => {
+                self.tracer.conn(
+                    &push.trace_id,
+                    user,
+                    info,
+                    TraceState::Timeout,
+                    Some("no ACK after every retry; kept for the user's next connection".into()),
+                );
+                None
+            }
+            Outcome::Closed(unacked) if unacked.is_empty() => None,
+            Outcome::Closed(unacked) => Some(Box::pin(self.keep_unacked(user, info, unacked))),
         }
-    }
-
-    /// A push's delivery to this connection failed before it was written.
-    pub fn settle_refused(
-        &self,
-        user: &Arc<str>,
-        info: &ConnInfo,
-        trace_id: &Arc<str>,
-        why: String,
-    ) {
-        self.tracer
-            .conn(trace_id, user, info, TraceState::Failed, Some(why.into()));
-    }
-
-    /// A push was sent again (its history shows each resend).
-    pub fn settle_retried(
-        &self,
-        user: &Arc<str>,
-        info: &ConnInfo,
-        trace_id: &Arc<str>,
-        attempt: u32,
-    ) {
-        metrics::counter!("mpush_push_retries_total").increment(1);
-        self.tracer.conn(
-            trace_id,
-            user,
-            info,
-            TraceState::Dispatched,
-            Some(format!("resent (retry {attempt})").into()),
-        );
-    }
-
-    /// The client acknowledged a push: ACK, and the inbox copy goes.
-    pub async fn settle_acked(&self, user: &Arc<str>, info: &ConnInfo, push: &OutboundPush) {
-        let by = match push.ack_mode {
-            AckMode::Biz => "acknowledged by the app (biz)",
-            _ => "acknowledged by the SDK (auto)",
-        };
-        self.tracer
-            .conn(&push.trace_id, user, info, TraceState::Ack, Some(by.into()));
-        if let Err(e) = self.inbox.remove(user, push.message_id).await {
-            tracing::warn!(error = %e, "acknowledged message left in the inbox");
-        }
-        metrics::counter!("mpush_acks_total").increment(1);
-    }
-
-    /// No ACK after every retry: TIMEOUT. The inbox copy stays (it follows
-    /// the user to the next connection).
-    pub fn settle_timed_out(&self, user: &Arc<str>, info: &ConnInfo, push: &OutboundPush) {
-        self.tracer.conn(
-            &push.trace_id,
-            user,
-            info,
-            TraceState::Timeout,
-            Some("no ACK after every retry; kept for the user's next connection".into()),
-        );
     }
 
     /// The connection closed with pushes not acknowledged: each goes (back)
     /// to the user's inbox, with the session TTL when it had none, and is
     /// redelivered on the user's next bind on any node.
-    pub async fn settle_closed(
-        &self,
-        user: &Arc<str>,
-        info: &ConnInfo,
-        unacked: Vec<OutboundPush>,
-    ) {
+    async fn keep_unacked(&self, user: &Arc<str>, info: &ConnInfo, unacked: Vec<OutboundPush>) {
         let keep_ms = i64::try_from(self.cfg.settings.delivery.session_ttl_secs)
             .unwrap_or(86_400)
             .saturating_mul(1000);

@@ -36,7 +36,7 @@ use crate::store::{
     IdempotencyStore, InboxStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
     MemoryTraces, SessionStore, TopicStore, TraceStore,
 };
-pub use delivery::{MessageSpec, UserOutcome, UserStatus};
+pub use delivery::{MessageSpec, Outcome, Settling, UserOutcome, UserStatus};
 pub use session::{DeviceView, UserView};
 use trace::Tracer;
 pub use upstream::{Lifecycle, UpPushOutcome, UpPushStrikes, UpRefusal, up_push_id};
