@@ -107,7 +107,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         )));
         hub
     };
-    let gw = gateway::Gateway::new(hub.clone());
+    let gw = gateway::Gateway::new(hub.clone(), &cfg);
     let tls_for = |listener: &str| {
         cfg.tls
             .as_ref()

@@ -62,13 +62,13 @@ pub async fn serve<T: Transport>(
 ) {
     let now = Instant::now();
     let mut machine = Box::new(ServerConnection::new(
-        gw.hub.proto().clone(),
+        gw.settings.proto.clone(),
         seed(),
         now,
         unix_ms(),
     ));
     machine.set_transport_secured(secure);
-    let tx = Arc::new(ConnQueue::new(gw.hub.cfg().settings.limits.outbound_queue));
+    let tx = Arc::new(ConnQueue::new(gw.settings.outbound_queue));
     let mut d = Driver {
         gw,
         transport,
@@ -127,7 +127,7 @@ impl<T: Transport> Driver<T> {
                             // mpush's JavaScript client speaks JSON text frames
                             // from its first frame on.
                             self.machine = Box::new(JsonServerConnection::new(
-                                self.gw.hub.proto().clone(),
+                                self.gw.settings.proto.clone(),
                                 self.accepted,
                             ));
                         }
@@ -150,9 +150,7 @@ impl<T: Transport> Driver<T> {
                 break;
             }
             if self.draining && drain_deadline.is_none() {
-                let ms = self.gw.hub.cfg().settings.shutdown.drain_timeout_ms;
-                drain_deadline =
-                    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(ms));
+                drain_deadline = Some(tokio::time::Instant::now() + self.gw.settings.drain_timeout);
             }
             if self.draining && self.machine.inflight() == 0 {
                 self.machine.close();
@@ -267,7 +265,7 @@ impl<T: Transport> Driver<T> {
     }
 
     async fn write(&mut self, t: Transmit) -> std::io::Result<()> {
-        let limit = self.gw.hub.cfg().write_timeout();
+        let limit = self.gw.settings.write_timeout;
         let r = match t {
             Transmit::Bytes(b) => tokio::time::timeout(limit, self.transport.send(b)).await,
             Transmit::Text(s) => tokio::time::timeout(limit, self.transport.send_text(s)).await,
@@ -304,8 +302,9 @@ impl<T: Transport> Driver<T> {
             ServerEvent::DecryptRequested { ciphertext } => {
                 // Off the async workers (the address's budget is its
                 // connection rate), and never past the handshake deadline.
-                let deadline =
-                    tokio::time::Instant::from_std(self.accepted + hub.proto().handshake_timeout);
+                let deadline = tokio::time::Instant::from_std(
+                    self.accepted + self.gw.settings.proto.handshake_timeout,
+                );
                 // Boxed: the connection task's future stays as small as an idle
                 // connection needs; this state exists only during a handshake.
                 let job = self.gw.rsa.decrypt(ciphertext);

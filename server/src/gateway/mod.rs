@@ -18,15 +18,60 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
+use crate::config::{TrustedProxies, Validated};
 use crate::logic::Hub;
 use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
+use mpush_protocol::server::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 use transport::{Tcp, TlsTcp, Ws};
 
-/// What every connection of this node shares: the logic layer and the
-/// gateway's own limits.
+/// What the gateway reads of the configuration, taken once when it is
+/// built: it never reads the whole configuration afterwards.
+pub struct GatewaySettings {
+    /// The protocol machines' settings.
+    pub proto: Arc<ServerConfig>,
+    pub max_connections: usize,
+    /// Commands waiting for one connection (pushes, kicks).
+    pub outbound_queue: usize,
+    pub tcp_keepalive_secs: u64,
+    /// For the TLS and WebSocket handshakes before the protocol's.
+    pub handshake_timeout: Duration,
+    /// How long a draining connection waits for its ACKs.
+    pub drain_timeout: Duration,
+    /// A write the peer does not take within this ends the connection.
+    pub write_timeout: Duration,
+    pub ws_read_buffer: usize,
+    pub max_packet_size: usize,
+    /// `net.dev_loopback_transport`: plain ws:// from this machine may use
+    /// the transport-secured profile (development only).
+    pub dev_loopback_transport: bool,
+    pub proxies: Arc<TrustedProxies>,
+}
+
+impl GatewaySettings {
+    pub fn new(cfg: &Validated, proto: Arc<ServerConfig>) -> Self {
+        let l = &cfg.settings.limits;
+        Self {
+            proto,
+            max_connections: l.max_connections,
+            outbound_queue: l.outbound_queue,
+            tcp_keepalive_secs: l.tcp_keepalive_secs,
+            handshake_timeout: Duration::from_millis(l.handshake_timeout_ms),
+            drain_timeout: Duration::from_millis(cfg.settings.shutdown.drain_timeout_ms),
+            write_timeout: cfg.write_timeout(),
+            ws_read_buffer: l.ws_read_buffer,
+            max_packet_size: l.max_packet_size,
+            dev_loopback_transport: cfg.settings.net.dev_loopback_transport,
+            proxies: cfg.proxies.clone(),
+        }
+    }
+}
+
+/// What every connection of this node shares: the logic layer, the
+/// gateway's settings and its own limits.
 pub struct Gateway {
     pub hub: Arc<Hub>,
+    pub settings: GatewaySettings,
     /// Open connections per client address.
     per_ip: Arc<PerIp>,
     /// Handshake RSA work, off the async workers.
@@ -36,8 +81,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(hub: Arc<Hub>) -> Arc<Self> {
-        let l = &hub.cfg().settings.limits;
+    pub fn new(hub: Arc<Hub>, cfg: &Validated) -> Arc<Self> {
+        let l = &cfg.settings.limits;
         let workers = match l.rsa_workers {
             // Two per core: RSA threads are preempted like any other, so the
             // async workers keep their share, and the hand-off per handshake
@@ -48,7 +93,8 @@ impl Gateway {
         Arc::new(Self {
             rate: IpRateLimit::new(l.handshakes_per_ip),
             per_ip: PerIp::new(l.max_connections_per_ip),
-            rsa: RsaPool::new(hub.cfg().private_key.clone(), workers, l.rsa_queue),
+            rsa: RsaPool::new(cfg.private_key.clone(), workers, l.rsa_queue),
+            settings: GatewaySettings::new(cfg, hub.proto().clone()),
             hub,
         })
     }
@@ -72,7 +118,7 @@ pub async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let hub = gw.hub.clone();
-    let max = hub.cfg().settings.limits.max_connections;
+    let max = gw.settings.max_connections;
     let mut last_warn: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
@@ -100,7 +146,7 @@ pub async fn accept_loop(
         }
         // Behind a trusted proxy, a WebSocket client's own address is known
         // only from the upgrade's headers: its per-IP checks happen there.
-        let behind_proxy = matches!(kind, Kind::Ws) && hub.cfg().proxies.trusts(peer.ip());
+        let behind_proxy = matches!(kind, Kind::Ws) && gw.settings.proxies.trusts(peer.ip());
         let slot = if behind_proxy {
             None
         } else {
@@ -111,7 +157,7 @@ pub async fn accept_loop(
             Some(slot)
         };
         let conn_id = hub.opened();
-        tune(&stream, hub.cfg().settings.limits.tcp_keepalive_secs);
+        tune(&stream, gw.settings.tcp_keepalive_secs);
         let gw = gw.clone();
         match (kind, tls.clone()) {
             (Kind::Tcp, None) => {
@@ -151,7 +197,7 @@ async fn tls_then(
     peer: SocketAddr,
     slot: Option<IpSlot>,
 ) {
-    let limit = Duration::from_millis(gw.hub.cfg().settings.limits.handshake_timeout_ms);
+    let limit = gw.settings.handshake_timeout;
     let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -222,7 +268,7 @@ async fn ws_handshake<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let l = &gw.hub.cfg().settings.limits;
+    let l = &gw.settings;
     let config = WebSocketConfig::default()
         .read_buffer_size(l.ws_read_buffer)
         .write_buffer_size(0)
@@ -248,13 +294,13 @@ where
         // may use the transport-secured profile (development only; the
         // setting needs a loopback listener and no proxies).
         Some(s) => {
-            let dev = gw.hub.cfg().settings.net.dev_loopback_transport && peer.ip().is_loopback();
+            let dev = gw.settings.dev_loopback_transport && peer.ip().is_loopback();
             Some((ws, peer, s, dev))
         }
         // Trusted proxies are configured: the client's address, and whether
         // its own connection was TLS, come from them.
         None => {
-            let f = gw.hub.cfg().proxies.resolve(peer.ip(), &seen);
+            let f = gw.settings.proxies.resolve(peer.ip(), &seen);
             // An unknown client (malformed forwarding) counts as `::`.
             let s = admit(gw, f.ip())?;
             Some((ws, SocketAddr::new(f.ip(), 0), s, f.secure))
