@@ -22,7 +22,7 @@ use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use crate::clock::{seed, unix_ms};
-use crate::logic::{Hub, Lifecycle, Outcome, UpPushStrikes};
+use crate::logic::{Lifecycle, Outcome, UpPushStrikes};
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
 struct Driver<T: Transport> {
@@ -249,13 +249,7 @@ impl<T: Transport> Driver<T> {
                         traces: &traces,
                         kept: &kept,
                     };
-                    settle(
-                        &self.gw.hub,
-                        self.user.as_ref(),
-                        self.info.as_ref(),
-                        outcome,
-                    )
-                    .await;
+                    self.settle(outcome).await;
                 }
             }
             if !busy {
@@ -400,13 +394,7 @@ impl<T: Transport> Driver<T> {
                 if let Some(at) = push.queued_at {
                     ack_delay().record(at.elapsed().as_secs_f64());
                 }
-                settle(
-                    &self.gw.hub,
-                    self.user.as_ref(),
-                    self.info.as_ref(),
-                    Outcome::Acked(&push),
-                )
-                .await;
+                self.settle(Outcome::Acked(&push)).await;
             }
             ServerEvent::PushRetried {
                 trace_id, attempt, ..
@@ -415,22 +403,10 @@ impl<T: Transport> Driver<T> {
                     trace_id: &trace_id,
                     attempt,
                 };
-                settle(
-                    &self.gw.hub,
-                    self.user.as_ref(),
-                    self.info.as_ref(),
-                    outcome,
-                )
-                .await;
+                self.settle(outcome).await;
             }
             ServerEvent::PushTimedOut { push } => {
-                settle(
-                    &self.gw.hub,
-                    self.user.as_ref(),
-                    self.info.as_ref(),
-                    Outcome::TimedOut(&push),
-                )
-                .await;
+                self.settle(Outcome::TimedOut(&push)).await;
             }
             ServerEvent::Closed { reason, unacked } => {
                 debug!(conn = self.conn_id, peer = %self.peer, ?reason, unacked = unacked.len(), "connection closed");
@@ -450,15 +426,24 @@ impl<T: Transport> Driver<T> {
                         Some(&close_reason(&reason)),
                     );
                 }
-                settle(
-                    &self.gw.hub,
-                    self.user.as_ref(),
-                    self.info.as_ref(),
-                    Outcome::Closed(unacked),
-                )
-                .await;
+                self.settle(Outcome::Closed(unacked)).await;
             }
             _ => {}
+        }
+    }
+
+    /// Settles what became of this connection's pushes (once it is bound);
+    /// the future is the inbox work that leaves, if any. It holds only that
+    /// work, not the driver.
+    fn settle<'a>(&'a self, outcome: Outcome<'a>) -> impl Future<Output = ()> + Send + 'a {
+        let work = match (&self.user, &self.info) {
+            (Some(user), Some(info)) => self.gw.hub.settle(user, info, outcome),
+            _ => None,
+        };
+        async move {
+            if let Some(work) = work {
+                work.await;
+            }
         }
     }
 
@@ -554,20 +539,5 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Settles what became of a connection's pushes (once it is bound) and
-/// awaits the inbox work that leaves.
-async fn settle(
-    hub: &Hub,
-    user: Option<&Arc<str>>,
-    info: Option<&Arc<ConnInfo>>,
-    outcome: Outcome<'_>,
-) {
-    if let (Some(user), Some(info)) = (user, info)
-        && let Some(work) = hub.settle(user, info, outcome)
-    {
-        work.await;
     }
 }
