@@ -210,6 +210,11 @@ impl Backend {
         }
     }
 
+    /// Stops sending through `api` (its node is going away).
+    pub fn avoid(&self, api: &str) {
+        self.apis.lock().expect("apis").retain(|a| a != api);
+    }
+
     fn api(&self, n: u64) -> String {
         let apis = self.apis.lock().expect("apis");
         apis[(n as usize) % apis.len()].clone()

@@ -397,18 +397,10 @@ async fn inject(f: Fault, w: &mut World, backend: &Backend) -> Result<()> {
         Fault::NodesCut => w.net.cut("a", "b", true)?,
         Fault::NodeKilled => {
             w.nodes[1].kill().await;
-            backend
-                .apis
-                .lock()
-                .expect("apis")
-                .retain(|a| *a != w.nodes[1].api());
+            backend.avoid(&w.nodes[1].api());
         }
         Fault::NodeDrained => {
-            backend
-                .apis
-                .lock()
-                .expect("apis")
-                .retain(|a| *a != w.nodes[2].api());
+            backend.avoid(&w.nodes[2].api());
             w.nodes[2].drain().await?;
         }
         Fault::LossyLink => w.flap = Some(flap(&w.net, "a")),
@@ -417,11 +409,7 @@ async fn inject(f: Fault, w: &mut World, backend: &Backend) -> Result<()> {
         Fault::RedisRestartAndNodeKilled => {
             w.redis.kill().await;
             w.nodes[1].kill().await;
-            backend
-                .apis
-                .lock()
-                .expect("apis")
-                .retain(|a| *a != w.nodes[1].api());
+            backend.avoid(&w.nodes[1].api());
         }
         Fault::LossyLinkAndFlood => {
             w.flap = Some(flap(&w.net, "a"));
