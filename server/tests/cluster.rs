@@ -286,17 +286,22 @@ async fn a_kept_message_reaches_a_user_connected_elsewhere_without_a_new_bind() 
     );
     on_b.message("kept").await;
     // Delivered, not kept twice: it left the inbox (no ACK mode).
+    inbox_empties(&api_a, "kip").await;
+    for node in n {
+        node.shutdown().await;
+    }
+}
+
+/// Waits (5 s at most) until `user`'s inbox is empty, as `api` sees it.
+async fn inbox_empties(api: &Api, user: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let (_, u) = api_a.get("/api/v1/users/kip").await;
+        let (_, u) = api.get(&format!("/api/v1/users/{user}")).await;
         if u["inbox"] == 0 {
-            break;
+            return;
         }
         assert!(tokio::time::Instant::now() < deadline, "{u}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for node in n {
-        node.shutdown().await;
     }
 }
 
@@ -333,15 +338,7 @@ async fn a_kept_message_announced_while_a_node_was_not_listening_is_found() {
     tokio::time::timeout(Duration::from_secs(5), on_b.message("swept"))
         .await
         .expect("the node found it when it listened again");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let (_, u) = api_a.get("/api/v1/users/swp").await;
-        if u["inbox"] == 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{u}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    inbox_empties(&api_a, "swp").await;
     for node in n {
         node.shutdown().await;
     }
