@@ -209,11 +209,4 @@ impl BindRefusal {
             Self::Unauthorized(_) => ErrorCode::NONE,
         }
     }
-
-    /// The refusal's words (for logs and the close reason).
-    pub fn reason(&self) -> &str {
-        match self {
-            Self::Unauthorized(r) => r,
-        }
-    }
 }
