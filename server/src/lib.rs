@@ -103,11 +103,11 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
             c.secret.clone(),
             Duration::from_millis(c.timeout_ms),
             cfg.settings.limits.max_packet_size + 1024,
-            hub.shutdown_signal(),
+            hub.node().shutdown_signal(),
         )));
         hub
     };
-    let gw = gateway::Gateway::new(hub.clone(), &cfg);
+    let gw = gateway::Gateway::new(hub.clone(), hub.proto().clone(), &cfg);
     let tls_for = |listener: &str| {
         cfg.tls
             .as_ref()
@@ -122,7 +122,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         gateway::Kind::Tcp,
         tls_for("tcp"),
         gw.clone(),
-        hub.shutdown_signal(),
+        hub.node().shutdown_signal(),
     )));
     if let Some(ws) = ws {
         tasks.push(tokio::spawn(gateway::accept_loop(
@@ -130,11 +130,12 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
             gateway::Kind::Ws,
             tls_for("ws"),
             gw,
-            hub.shutdown_signal(),
+            hub.node().shutdown_signal(),
         )));
     }
     let state = api::ApiState {
-        hub: hub.clone(),
+        svc: Arc::new(api::HubService(hub.clone())),
+        settings: Arc::new(api::ApiSettings::new(&cfg)),
         metrics: metrics_handle(),
     };
     let app = api::router(state);
@@ -175,15 +176,15 @@ impl Running {
     pub async fn shutdown(self) {
         let hub = self.hub.clone();
         hub.start_drain().await;
-        let limit = Duration::from_millis(hub.cfg().settings.shutdown.drain_timeout_ms)
-            + Duration::from_secs(2);
+        let limit = hub.node().settings().drain_timeout + Duration::from_secs(2);
         let t0 = tokio::time::Instant::now();
-        while hub.connections() > 0 && t0.elapsed() < limit {
+        while hub.node().connections() > 0 && t0.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // What the sinks still hold (async webhooks, lifecycle events,
         // callbacks) is handed on within what is left of the drain time.
         let left = hub
+            .upstream()
             .sinks()
             .flush(
                 limit

@@ -76,7 +76,7 @@ pub async fn exec(
     // only with a bearer token (which the auth layer already checked).
     if http_method == Method::GET
         && matches!(method, "push" | "topicPush")
-        && s.hub.cfg().settings.security.api_tokens.is_empty()
+        && s.settings.api_tokens.is_empty()
     {
         return Err(ApiError::method_not_allowed(format!(
             "method={method} changes state: use POST (GET needs a bearer token)"
@@ -109,7 +109,7 @@ pub async fn exec(
             callback_url: p.get("callbackUrl").filter(|u| !u.is_empty()).cloned(),
             ..MessageBody::default()
         }
-        .spec(&s.hub)
+        .spec(&s)
     };
     // The trace id a push is sent under: `trace=false` asks for no record
     // (the seed fork's switch; the push still gets an id).
@@ -129,7 +129,7 @@ pub async fn exec(
             check_user(&user)?;
             let spec = spec(&p)?;
             let req = request(Audience::Users(vec![user]), spec)?;
-            let a = s.hub.send(req).await.map_err(answer::send_error)?;
+            let a = s.svc.send(req).await.map_err(answer::send_error)?;
             let Sent::Users { trace_id, results } = a.sent else {
                 return Err(ApiError::unavailable("an answer of another kind"));
             };
@@ -163,7 +163,7 @@ pub async fn exec(
             check_topic(&topic)?;
             let spec = spec(&p)?;
             let a = s
-                .hub
+                .svc
                 .send(request(Audience::Topic(topic), spec)?)
                 .await
                 .map_err(answer::send_error)?;
@@ -182,9 +182,8 @@ pub async fn exec(
         "queryTrace" => {
             let id = need("traceId")?;
             let view = s
-                .hub
-                .tracer()
-                .get(id)
+                .svc
+                .trace(id)
                 .await
                 .map_err(store_down)?
                 .ok_or_else(|| ApiError::not_found(format!("no trace `{id}`")))?;
@@ -226,23 +225,22 @@ pub async fn alloc_servers(
         }
     };
     let cors = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];
-    if let Some(cl) = s.hub.cluster() {
-        let nodes = cl.live_nodes().await;
-        if !nodes.is_empty() {
-            let list: Vec<String> = nodes
-                .into_iter()
-                .map(|n| if ws { n.ws } else { n.tcp })
-                .filter(|a| !a.is_empty())
-                .collect();
-            return Ok((StatusCode::OK, cors, list.join(",")));
-        }
+    if let Some(nodes) = s.svc.live_nodes().await
+        && !nodes.is_empty()
+    {
+        let list: Vec<String> = nodes
+            .into_iter()
+            .map(|n| if ws { n.ws } else { n.tcp })
+            .filter(|a| !a.is_empty())
+            .collect();
+        return Ok((StatusCode::OK, cors, list.join(",")));
     }
-    let net = &s.hub.cfg().settings.net;
+    let net = &s.settings;
     let addr = if ws {
         ws_url(&s, &headers).unwrap_or_default()
     } else if net.public_address.is_empty() {
-        let tcp = s.hub.listeners().tcp;
-        if s.hub.cfg().settings.tls.on("tcp") {
+        let tcp = s.svc.listeners().tcp;
+        if net.tls_tcp {
             format!("tls://{tcp}")
         } else {
             tcp.to_string()
@@ -257,16 +255,12 @@ pub async fn alloc_servers(
 /// can use it: the configured public URL, else the gateway's port on the
 /// bound address (or on the asked host when bound to all interfaces).
 fn ws_url(s: &ApiState, headers: &HeaderMap) -> Option<String> {
-    let net = &s.hub.cfg().settings.net;
+    let net = &s.settings;
     if !net.public_ws_url.is_empty() {
         return Some(net.public_ws_url.clone());
     }
-    let bound = s.hub.listeners().ws?;
-    let scheme = if s.hub.cfg().settings.tls.on("ws") {
-        "wss"
-    } else {
-        "ws"
-    };
+    let bound = s.svc.listeners().ws?;
+    let scheme = if net.tls_ws { "wss" } else { "ws" };
     if !bound.ip().is_unspecified() {
         return Some(format!("{scheme}://{bound}/"));
     }
@@ -335,7 +329,7 @@ pub async fn alloc_push(
         idempotency_key: answer::idempotency_key(&headers)?,
         untraced: false,
     };
-    let a = s.hub.send(req).await.map_err(answer::send_error)?;
+    let a = s.svc.send(req).await.map_err(answer::send_error)?;
     // alloc's reply, when the push happened; the JSON API's errors else.
     if let Sent::Users { results, .. } = &a.sent
         && let Some(o) = results.first()

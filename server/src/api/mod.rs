@@ -4,7 +4,10 @@
 mod answer;
 mod compat;
 mod error;
+pub mod seam;
 pub mod serve;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,15 +29,18 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::services::ServeDir;
 
 pub use error::ApiError;
+pub use seam::{ApiSettings, Health, HubService, Service};
 
+use crate::logic::MessageSpec;
 use crate::logic::callback::CallbackTarget;
 use crate::logic::send::{Audience, SendAnswer, SendRequest};
-use crate::logic::{Hub, MessageSpec};
 use crate::store::StoreError;
 
 #[derive(Clone)]
 pub struct ApiState {
-    pub hub: Arc<Hub>,
+    /// The logic layer, as the API sees it.
+    pub svc: Arc<dyn Service>,
+    pub settings: Arc<ApiSettings>,
     pub metrics: PrometheusHandle,
 }
 
@@ -56,7 +62,7 @@ pub fn router(state: ApiState) -> Router {
         // Set before the layers, so that CORS still answers a preflight.
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    let protected = match cors(&state.hub.cfg().settings.security.cors_origins) {
+    let protected = match cors(&state.settings.cors_origins) {
         Some(layer) => protected.layer(layer),
         None => protected,
     };
@@ -68,7 +74,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(method_not_allowed)
         .merge(protected);
-    if let Some(dir) = demo_dir(&state.hub.cfg().settings.net.demo_dir) {
+    if let Some(dir) = demo_dir(&state.settings.demo_dir) {
         tracing::info!(dir = %dir.display(), "serving the demo page at /demo/");
         app = app
             .route("/demo", get(|| async { Redirect::permanent("/demo/") }))
@@ -103,7 +109,7 @@ async fn method_not_allowed() -> ApiError {
 /// that a browser sent from another site (its `Origin`, or
 /// `Sec-Fetch-Site: cross-site`) must come from a configured CORS origin.
 async fn same_site(State(s): State<ApiState>, req: Request, next: Next) -> Response {
-    let sec = &s.hub.cfg().settings.security;
+    let sec = &s.settings;
     let host = req
         .headers()
         .get(header::HOST)
@@ -200,7 +206,7 @@ async fn auth(
     req: Request,
     next: Next,
 ) -> Response {
-    let tokens = &s.hub.cfg().settings.security.api_tokens;
+    let tokens = &s.settings.api_tokens;
     if tokens.is_empty() {
         // The client as the forwarding rules resolved it (an unknown one is
         // never loopback); without them (a router in a test), the peer.
@@ -258,7 +264,7 @@ pub struct MessageBody {
 }
 
 impl MessageBody {
-    pub fn spec(&self, hub: &Hub) -> Result<MessageSpec, ApiError> {
+    pub fn spec(&self, s: &ApiState) -> Result<MessageSpec, ApiError> {
         if !self.unknown.is_empty() {
             let names: Vec<&str> = self.unknown.keys().map(String::as_str).collect();
             return Err(ApiError::bad_request(format!(
@@ -283,10 +289,10 @@ impl MessageBody {
                 ));
             }
         };
-        check_content(hub, &content)?;
+        check_content(&s.settings, &content)?;
         let ack_mode = parse_ack_mode(self.ack_mode.as_deref())?;
         let ttl_secs = self.ttl_seconds.unwrap_or(0);
-        let max_ttl = hub.cfg().settings.delivery.max_ttl_secs;
+        let max_ttl = s.settings.max_ttl_secs;
         if ttl_secs > max_ttl {
             return Err(ApiError::bad_request(format!(
                 "ttlSeconds is at most {max_ttl}"
@@ -309,7 +315,7 @@ impl MessageBody {
             (None, _) => None,
         };
         if let Some(t) = &callback
-            && !hub.tracer().callbacks().can_reach(t)
+            && !s.svc.can_reach(t)
         {
             return Err(ApiError::bad_request(match t {
                 CallbackTarget::Sinks => {
@@ -333,14 +339,8 @@ impl MessageBody {
 }
 
 /// A push no client could accept is refused, never stored.
-fn check_content(hub: &Hub, content: &[u8]) -> Result<(), ApiError> {
-    // Room for the envelope, padding and the AEAD tag inside one packet.
-    let max = hub
-        .cfg()
-        .settings
-        .limits
-        .max_packet_size
-        .saturating_sub(256);
+fn check_content(settings: &ApiSettings, content: &[u8]) -> Result<(), ApiError> {
+    let max = settings.max_content;
     if content.len() > max {
         return Err(ApiError::bad_request(format!(
             "content is {} bytes; at most {max}",
@@ -423,7 +423,7 @@ async fn send(
         idempotency_key: answer::idempotency_key(headers)?,
         untraced: false,
     };
-    s.hub.send(req).await.map_err(answer::send_error)
+    s.svc.send(req).await.map_err(answer::send_error)
 }
 
 async fn push(
@@ -433,7 +433,7 @@ async fn push(
 ) -> Result<Response, ApiError> {
     let Json(b) = body?;
     check_user(&b.user_id)?;
-    let spec = b.message.spec(&s.hub)?;
+    let spec = b.message.spec(&s)?;
     let a = send(
         &s,
         &headers,
@@ -469,7 +469,7 @@ async fn push_batch(
     for u in &b.user_ids {
         check_user(u)?;
     }
-    let spec = b.message.spec(&s.hub)?;
+    let spec = b.message.spec(&s)?;
     // One route lookup and one frame per node for the whole batch (results
     // per user, in the order given, each user once).
     let a = send(&s, &headers, Audience::Users(b.user_ids), &b.message, spec).await?;
@@ -492,7 +492,7 @@ async fn broadcast(
     body: Result<Json<BroadcastBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(b) = body?;
-    let spec = b.message.spec(&s.hub)?;
+    let spec = b.message.spec(&s)?;
     let audience = Audience::Broadcast {
         tags: b.tags,
         condition: b.condition,
@@ -515,15 +515,10 @@ async fn subscribe(
     let Path((topic, user)) = path?;
     check_topic(&topic)?;
     check_user(&user)?;
-    let new = s
-        .hub
-        .topics()
-        .subscribe(&topic, &user)
-        .await
-        .map_err(|e| match e {
-            crate::store::TopicFull::Unavailable(_) => ApiError::unavailable(e.to_string()),
-            _ => ApiError::conflict(e.to_string()),
-        })?;
+    let new = s.svc.subscribe(&topic, &user).await.map_err(|e| match e {
+        crate::store::TopicFull::Unavailable(_) => ApiError::unavailable(e.to_string()),
+        _ => ApiError::conflict(e.to_string()),
+    })?;
     Ok(Json(
         json!({ "topic": topic, "userId": user, "subscribed": true, "new": new }),
     ))
@@ -536,12 +531,7 @@ async fn unsubscribe(
     let Path((topic, user)) = path?;
     check_topic(&topic)?;
     check_user(&user)?;
-    let removed = s
-        .hub
-        .topics()
-        .unsubscribe(&topic, &user)
-        .await
-        .map_err(store_down)?;
+    let removed = s.svc.unsubscribe(&topic, &user).await.map_err(store_down)?;
     if !removed {
         return Err(ApiError::not_found(format!(
             "`{user}` is not subscribed to `{topic}`"
@@ -561,7 +551,7 @@ async fn topic_push(
     let Path(topic) = path?;
     check_topic(&topic)?;
     let Json(b) = body?;
-    let spec = b.spec(&s.hub)?;
+    let spec = b.spec(&s)?;
     let a = send(&s, &headers, Audience::Topic(topic), &b, spec).await?;
     Ok(answer::started(a))
 }
@@ -577,9 +567,8 @@ async fn trace(
 ) -> Result<Json<Value>, ApiError> {
     let Path(id) = path?;
     let view = s
-        .hub
-        .tracer()
-        .get(&id)
+        .svc
+        .trace(&id)
         .await
         .map_err(store_down)?
         .ok_or_else(|| ApiError::not_found(format!("no trace `{id}` (unknown or expired)")))?;
@@ -593,7 +582,7 @@ async fn user(
 ) -> Result<Json<Value>, ApiError> {
     let Path(user) = path?;
     check_user(&user)?;
-    let view = s.hub.user(&user).await.map_err(store_down)?;
+    let view = s.svc.user(&user).await.map_err(store_down)?;
     Ok(Json(serde_json::to_value(view).unwrap_or_default()))
 }
 
@@ -629,8 +618,8 @@ async fn kick(
     };
     let ct = parse_client_type(body.client_type.as_ref())?;
     let kicked = s
-        .hub
-        .kick_user(&user, ct)
+        .svc
+        .kick(&user, ct)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     if kicked == 0 {
@@ -643,29 +632,29 @@ async fn kick(
 
 /// Liveness: the process serves HTTP (200 while draining too).
 async fn healthz(State(s): State<ApiState>) -> Json<Value> {
-    let h = &s.hub;
+    let h = s.svc.health();
     Json(json!({
-        "status": if h.is_draining() { "draining" } else { "ok" },
-        "connections": h.connections(),
-        "bound": h.bound(),
+        "status": if h.draining { "draining" } else { "ok" },
+        "connections": h.connections,
+        "bound": h.bound,
     }))
 }
 
 /// Readiness: 503 while draining, or while the Redis this node needs is
 /// unreachable, so load balancers send nobody here.
 async fn readyz(State(s): State<ApiState>) -> Response {
-    match s.hub.ready().await {
+    match s.svc.ready().await {
         Ok(()) => Json(json!({ "status": "ready" })).into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "unavailable", "reason": why })),
+            Json(json!({ "status": "unavailable", "reason": why.to_string() })),
         )
             .into_response(),
     }
 }
 
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
-    s.hub.update_gauges();
+    s.svc.update_gauges();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),

@@ -18,15 +18,15 @@ use mpush_protocol::server::{
 use mpush_protocol::session::{DeviceInfo, Profile};
 use tracing::{debug, info};
 
-use super::Gateway;
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
+use super::{Gateway, Logic};
 use crate::clock::{seed, unix_ms};
 use crate::logic::{Lifecycle, Outcome, UpPushStrikes};
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
-struct Driver<T: Transport> {
-    gw: Arc<Gateway>,
+struct Driver<T: Transport, L: Logic> {
+    gw: Arc<Gateway<L>>,
     transport: T,
     machine: Box<dyn ServerMachine>,
     conn_id: u64,
@@ -49,12 +49,12 @@ struct Driver<T: Transport> {
     _slot: IpSlot,
 }
 
-/// Serves one accepted connection (counted by `Hub::opened`) until it closes.
+/// Serves one accepted connection (counted by `Logic::opened`) until it closes.
 /// `secure`: it arrived over TLS (our listener, or a trusted proxy that says
 /// so), so the transport-secured profile is allowed on it (ADR 0005).
-pub async fn serve<T: Transport>(
+pub async fn serve<T: Transport, L: Logic>(
     transport: T,
-    gw: Arc<Gateway>,
+    gw: Arc<Gateway<L>>,
     conn_id: u64,
     peer: SocketAddr,
     slot: IpSlot,
@@ -97,11 +97,11 @@ pub async fn serve<T: Transport>(
     tracing::Instrument::instrument(d.run(), span).await;
 }
 
-impl<T: Transport> Driver<T> {
+impl<T: Transport, L: Logic> Driver<T, L> {
     async fn run(&mut self) {
         let mut first_frame = true;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let mut shutdown = self.gw.hub.shutdown_signal();
+        let mut shutdown = self.gw.logic.shutdown_signal();
         if *shutdown.borrow() {
             self.drain();
         }
@@ -171,7 +171,7 @@ impl<T: Transport> Driver<T> {
 
     fn drain(&mut self) {
         self.draining = true;
-        let redirect = self.gw.hub.redirect_for(T::KIND);
+        let redirect = self.gw.logic.redirect_for(T::KIND);
         self.machine.redirect(&redirect);
     }
 
@@ -182,15 +182,18 @@ impl<T: Transport> Driver<T> {
                 if let (Some(info), Some(user)) = (&self.info, &self.user)
                     && *k.device_id == *info.device_id
                 {
-                    self.gw.hub.lifecycle(Lifecycle::Kicked, user, info, None);
+                    self.gw.logic.lifecycle(Lifecycle::Kicked, user, info, None);
                 }
                 self.machine.kick(&k.device_id, &k.user_id);
             }
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
-                    self.gw
-                        .hub
-                        .lifecycle(Lifecycle::Kicked, user, info, Some("kicked by the API"));
+                    self.gw.logic.lifecycle(
+                        Lifecycle::Kicked,
+                        user,
+                        info,
+                        Some("kicked by the API"),
+                    );
                     let (device, user) = (info.device_id.clone(), user.clone());
                     self.machine.kick(&device, &user);
                 }
@@ -216,7 +219,7 @@ impl<T: Transport> Driver<T> {
                         why,
                     };
                     // A refusal is settled in the trace alone: nothing to await.
-                    let work = self.gw.hub.settle(user, info, outcome);
+                    let work = self.gw.logic.settle(user, info, outcome);
                     debug_assert!(work.is_none(), "a refusal leaves no inbox work");
                 }
             }
@@ -278,7 +281,7 @@ impl<T: Transport> Driver<T> {
     }
 
     async fn event(&mut self, e: ServerEvent) {
-        let hub = self.gw.hub.clone();
+        let logic = self.gw.logic.clone();
         match e {
             ServerEvent::HandshakeCompleted {
                 device,
@@ -286,7 +289,7 @@ impl<T: Transport> Driver<T> {
                 profile,
             } => {
                 if let Some(s) = session {
-                    hub.store_session(s).await;
+                    logic.store_session(s).await;
                 }
                 self.set_info(device, profile);
                 metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
@@ -317,7 +320,7 @@ impl<T: Transport> Driver<T> {
                 }
             }
             ServerEvent::ResumeRequested { session_id, .. } => {
-                let record = Box::pin(hub.session(&session_id)).await;
+                let record = Box::pin(logic.session(&session_id)).await;
                 self.machine
                     .handle_answer(Answer::Session(record), Instant::now());
             }
@@ -332,7 +335,7 @@ impl<T: Transport> Driver<T> {
                 metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "fast")
                     .record(self.accepted.elapsed().as_secs_f64());
                 if (replaces.is_some() || session.is_some())
-                    && !Box::pin(hub.rotate_session(replaces, session)).await
+                    && !Box::pin(logic.rotate_session(replaces, session)).await
                 {
                     self.machine.close();
                 }
@@ -346,8 +349,8 @@ impl<T: Transport> Driver<T> {
             } => Box::pin(self.bind(request, user_id, tags, token)).await,
             ServerEvent::UnbindRequested { request, user_id } => {
                 if let Some(info) = &self.info {
-                    hub.unbind(&user_id, info).await;
-                    hub.lifecycle(Lifecycle::Unbound, &user_id, info, None);
+                    logic.unbind(&user_id, info).await;
+                    logic.lifecycle(Lifecycle::Unbound, &user_id, info, None);
                 }
                 if self.user.as_deref() == Some(user_id.as_str()) {
                     self.user = None;
@@ -367,7 +370,7 @@ impl<T: Transport> Driver<T> {
                 // Awaited here: a connection's up-pushes reach the sinks in
                 // the order it sent them, and a client that sends faster than
                 // they accept is slowed down (its socket is not read meanwhile).
-                let up = hub.up_push(
+                let up = logic.up_push(
                     self.user.as_ref(),
                     &info,
                     &content,
@@ -417,9 +420,9 @@ impl<T: Transport> Driver<T> {
                     metrics::counter!("mpush_protocol_errors_total").increment(1);
                 }
                 if let (Some(user), Some(info), true) =
-                    (&self.user, &self.info, hub.wants_lifecycle())
+                    (&self.user, &self.info, logic.wants_lifecycle())
                 {
-                    hub.lifecycle(
+                    logic.lifecycle(
                         Lifecycle::Disconnected,
                         user,
                         info,
@@ -437,7 +440,7 @@ impl<T: Transport> Driver<T> {
     /// work, not the driver.
     fn settle<'a>(&'a self, outcome: Outcome<'a>) -> impl Future<Output = ()> + Send + 'a {
         let work = match (&self.user, &self.info) {
-            (Some(user), Some(info)) => self.gw.hub.settle(user, info, outcome),
+            (Some(user), Some(info)) => self.gw.logic.settle(user, info, outcome),
             _ => None,
         };
         async move {
@@ -463,8 +466,8 @@ impl<T: Transport> Driver<T> {
         let (Some(info), tx) = (self.info.clone(), self.tx.clone()) else {
             return;
         };
-        let hub = self.gw.hub.clone();
-        let result = hub
+        let logic = self.gw.logic.clone();
+        let result = logic
             .bind(&info, &tx, &user_id, tags, &token, self.user.as_ref())
             .await;
         let user = match result {
@@ -489,19 +492,19 @@ impl<T: Transport> Driver<T> {
             result: Ok(()),
         };
         self.machine.handle_answer(answer, Instant::now());
-        hub.lifecycle(Lifecycle::Bound, &user, &info, None);
+        logic.lifecycle(Lifecycle::Bound, &user, &info, None);
         // The offline inbox, in order.
-        for push in hub.replay_inbox(&user, &info).await {
+        for push in logic.replay_inbox(&user, &info).await {
             self.push(push);
         }
     }
 
     async fn finish(&mut self) {
         if let (Some(user), Some(info)) = (self.user.take(), &self.info) {
-            self.gw.hub.unbind(&user, info).await;
+            self.gw.logic.unbind(&user, info).await;
         }
         self.tx.close();
-        self.gw.hub.closed_conn();
+        self.gw.logic.closed();
     }
 }
 

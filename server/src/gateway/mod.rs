@@ -5,6 +5,9 @@
 
 pub mod conn;
 pub mod limits;
+pub mod seam;
+#[cfg(test)]
+mod tests;
 pub mod transport;
 
 use std::net::SocketAddr;
@@ -19,9 +22,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
 use crate::config::{TrustedProxies, Validated};
-use crate::logic::Hub;
 use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
 use mpush_protocol::server::ServerConfig;
+pub use seam::Logic;
 use tokio_rustls::TlsAcceptor;
 use transport::{Tcp, TlsTcp, Ws};
 
@@ -67,10 +70,10 @@ impl GatewaySettings {
     }
 }
 
-/// What every connection of this node shares: the logic layer, the
-/// gateway's settings and its own limits.
-pub struct Gateway {
-    pub hub: Arc<Hub>,
+/// What every connection of this node shares: the logic layer (through its
+/// seam, [`Logic`]), the gateway's settings and its own limits.
+pub struct Gateway<L> {
+    pub logic: Arc<L>,
     pub settings: GatewaySettings,
     /// Open connections per client address.
     per_ip: Arc<PerIp>,
@@ -80,8 +83,10 @@ pub struct Gateway {
     rate: IpRateLimit,
 }
 
-impl Gateway {
-    pub fn new(hub: Arc<Hub>, cfg: &Validated) -> Arc<Self> {
+impl<L: Logic> Gateway<L> {
+    /// `proto`: the protocol machines' settings (the logic layer's, so that
+    /// sessions it stores and the machines agree).
+    pub fn new(logic: Arc<L>, proto: Arc<ServerConfig>, cfg: &Validated) -> Arc<Self> {
         let l = &cfg.settings.limits;
         let workers = match l.rsa_workers {
             // Two per core: RSA threads are preempted like any other, so the
@@ -94,8 +99,8 @@ impl Gateway {
             rate: IpRateLimit::new(l.handshakes_per_ip),
             per_ip: PerIp::new(l.max_connections_per_ip),
             rsa: RsaPool::new(cfg.private_key.clone(), workers, l.rsa_queue),
-            settings: GatewaySettings::new(cfg, hub.proto().clone()),
-            hub,
+            settings: GatewaySettings::new(cfg, proto),
+            logic,
         })
     }
 }
@@ -110,14 +115,14 @@ pub enum Kind {
 /// Accepts until shutdown. Over the connection limit, over the per-IP rate or
 /// count, or out of file descriptors, new connections are refused and the
 /// rest served.
-pub async fn accept_loop(
+pub async fn accept_loop<L: Logic>(
     listener: TcpListener,
     kind: Kind,
     tls: Option<TlsAcceptor>,
-    gw: Arc<Gateway>,
+    gw: Arc<Gateway<L>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let hub = gw.hub.clone();
+    let logic = gw.logic.clone();
     let max = gw.settings.max_connections;
     let mut last_warn: Option<Instant> = None;
     loop {
@@ -138,7 +143,7 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        if hub.connections() >= max {
+        if logic.connections() >= max {
             metrics::counter!("mpush_connections_refused_total", "reason" => "max_connections")
                 .increment(1);
             drop(stream);
@@ -156,7 +161,7 @@ pub async fn accept_loop(
             };
             Some(slot)
         };
-        let conn_id = hub.opened();
+        let conn_id = logic.opened();
         tune(&stream, gw.settings.tcp_keepalive_secs);
         let gw = gw.clone();
         match (kind, tls.clone()) {
@@ -176,7 +181,7 @@ pub async fn accept_loop(
 
 /// The TLS handshake (within the handshake deadline), then the connection.
 /// The per-address checks: open connections, then the connection rate.
-fn admit(gw: &Gateway, ip: std::net::IpAddr) -> Option<IpSlot> {
+fn admit<L>(gw: &Gateway<L>, ip: std::net::IpAddr) -> Option<IpSlot> {
     let Some(slot) = gw.per_ip.acquire(ip) else {
         metrics::counter!("mpush_connections_refused_total", "reason" => "per_ip").increment(1);
         return None;
@@ -188,11 +193,11 @@ fn admit(gw: &Gateway, ip: std::net::IpAddr) -> Option<IpSlot> {
     Some(slot)
 }
 
-async fn tls_then(
+async fn tls_then<L: Logic>(
     acceptor: TlsAcceptor,
     kind: Kind,
     stream: TcpStream,
-    gw: Arc<Gateway>,
+    gw: Arc<Gateway<L>>,
     conn_id: u64,
     peer: SocketAddr,
     slot: Option<IpSlot>,
@@ -203,12 +208,12 @@ async fn tls_then(
         Ok(Err(e)) => {
             metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
             debug!(%peer, error = %e, "TLS handshake failed");
-            gw.hub.closed_conn();
+            gw.logic.closed();
             return;
         }
         Err(_) => {
             metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
-            gw.hub.closed_conn();
+            gw.logic.closed();
             return;
         }
     };
@@ -216,7 +221,7 @@ async fn tls_then(
         (Kind::Tcp, Some(slot)) => {
             conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot, true).await;
         }
-        (Kind::Tcp, None) => gw.hub.closed_conn(),
+        (Kind::Tcp, None) => gw.logic.closed(),
         (Kind::Ws, slot) => upgrade(tls, true, gw, conn_id, peer, slot).await,
     }
 }
@@ -238,10 +243,10 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
 /// buffers, the forwarding headers) lives in its own boxed future, freed
 /// before the connection is served: an idle connection does not carry it.
 /// `tls`: the stream is our own TLS listener's (ADR 0005's secure transport).
-async fn upgrade<S>(
+async fn upgrade<S, L: Logic>(
     stream: S,
     tls: bool,
-    gw: Arc<Gateway>,
+    gw: Arc<Gateway<L>>,
     conn_id: u64,
     peer: SocketAddr,
     slot: Option<IpSlot>,
@@ -253,15 +258,15 @@ async fn upgrade<S>(
         Some((ws, peer, slot, forwarded_tls)) => {
             conn::serve(Ws(ws), gw, conn_id, peer, slot, tls || forwarded_tls).await;
         }
-        None => gw.hub.closed_conn(),
+        None => gw.logic.closed(),
     }
 }
 
 // tungstenite's upgrade callback returns its own (large) error response type.
 #[allow(clippy::result_large_err)]
-async fn ws_handshake<S>(
+async fn ws_handshake<S, L>(
     stream: S,
-    gw: &Gateway,
+    gw: &Gateway<L>,
     peer: SocketAddr,
     slot: Option<IpSlot>,
 ) -> Option<(WebSocketStream<S>, SocketAddr, IpSlot, bool)>

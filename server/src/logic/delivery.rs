@@ -79,7 +79,8 @@ fn is_zero(n: &usize) -> bool {
 }
 
 impl UserOutcome {
-    fn new(user: &str) -> Self {
+    /// Nothing has happened yet: offline until a connection or the inbox takes it.
+    pub fn new(user: &str) -> Self {
         Self {
             user_id: user.to_owned(),
             status: UserStatus::Offline,

@@ -9,37 +9,38 @@ pub mod callback;
 mod delivery;
 pub mod filter;
 pub mod flow;
+mod node;
+mod recovery;
 pub mod send;
 mod session;
 pub mod trace;
 mod upstream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use mpush_protocol::ack::RetryPolicy;
-use mpush_protocol::message::{Redirect, v2};
+use mpush_protocol::message::v2;
 use mpush_protocol::server::ServerConfig;
 use mpush_protocol::session::AckMode;
-use parking_lot::RwLock;
 
 use crate::clock::unix_ms;
-use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg, NodeInfo};
+use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg};
 use crate::config::Validated;
-use crate::route::{RedisRoutes, RouteStore, Router, Transport};
+use crate::route::{RedisRoutes, RouteStore, Router};
 use crate::sink::Sinks;
 use crate::store::{
     IdempotencyStore, InboxStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
     MemoryTraces, SessionStore, TopicStore, TraceStore,
 };
 pub use delivery::{MessageSpec, Outcome, Settling, UserOutcome, UserStatus};
-pub use session::{DeviceView, UserView};
+pub use node::{Listeners, Node, NodeSettings, NotReady};
+pub use session::{DeviceView, Sessions, UserView};
 use trace::Tracer;
-pub use upstream::{Lifecycle, UpPushOutcome, UpPushStrikes, UpRefusal, up_push_id};
+pub use upstream::{Lifecycle, UpPushOutcome, UpPushStrikes, UpRefusal, Upstream, up_push_id};
 
 /// The stores a node runs on.
 pub struct Stores {
@@ -50,44 +51,27 @@ pub struct Stores {
     pub idempotency: Arc<dyn IdempotencyStore>,
 }
 
-/// Where the gateways listen (known once bound).
-#[derive(Debug, Clone, Copy)]
-pub struct Listeners {
-    pub tcp: SocketAddr,
-    pub ws: Option<SocketAddr>,
-    pub http: SocketAddr,
-}
-
+/// The logic layer, composed: the node's state, the sessions service, the
+/// upstream service, and delivery (its router, stores, tracer and flow
+/// control), which the use cases in `delivery.rs` and `send.rs` run on.
+/// Each service has its own slice of the settings; `lib.rs::start` builds
+/// one `Hub` and hands the gateway and the API their views of it.
 pub struct Hub {
     cfg: Arc<Validated>,
     proto: Arc<ServerConfig>,
-    router: Router,
+    node: Node,
+    sessions: Sessions,
+    upstream: Upstream,
+    // ----- delivery --------------------------------------------------
+    router: Arc<Router>,
     cluster: Option<Arc<Cluster>>,
-    sessions: Arc<dyn SessionStore>,
     inbox: Arc<dyn InboxStore>,
     topics: Arc<dyn TopicStore>,
     idempotency: Arc<dyn IdempotencyStore>,
     tracer: Tracer,
     push_limiter: flow::RateLimiter,
     broadcast_limiter: flow::RateLimiter,
-    sinks: Arc<Sinks>,
-    up_limits: upstream::UpLimits,
     next_message: AtomicU64,
-    next_conn: AtomicU64,
-    /// Every open connection, bound or not.
-    connections: AtomicUsize,
-    draining: AtomicBool,
-    /// A recovery after Redis came back is running / is wanted (again).
-    recovering: AtomicBool,
-    recover_wanted: AtomicBool,
-    /// Flips to true when the server drains; every connection watches it.
-    shutdown: tokio::sync::watch::Sender<bool>,
-    listeners: Listeners,
-    /// Where clients are sent when this node drains (another node), chosen
-    /// when the drain starts.
-    redirect: RwLock<Option<NodeInfo>>,
-    /// The last Redis health check, for `ready`.
-    redis_health: parking_lot::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
 
 impl Hub {
@@ -176,9 +160,17 @@ impl Hub {
             &s.sinks,
             cluster.as_ref().map(|c| c.redis.clone()),
         ));
+        let router = Arc::new(Router::new(node_id.clone(), table));
         let hub = Arc::new(Self {
-            sinks: sinks.clone(),
-            up_limits: upstream::UpLimits::new(&s.limits),
+            node: Node::new(NodeSettings::new(&cfg), cluster.clone(), listeners),
+            sessions: Sessions::new(
+                stores.sessions,
+                cfg.bind_auth.clone(),
+                router.clone(),
+                cluster.clone(),
+                stores.inbox.clone(),
+            ),
+            upstream: Upstream::new(sinks.clone(), &s.limits, &node_id),
             push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
             broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
             proto: Arc::new(protocol_config(&cfg)),
@@ -193,22 +185,12 @@ impl Hub {
                     Duration::from_secs(s.sinks.callback_window_secs),
                 )),
             ),
-            router: Router::new(node_id, table),
+            router,
             cluster,
-            sessions: stores.sessions,
             inbox: stores.inbox,
             topics: stores.topics,
             idempotency: stores.idempotency,
             next_message: AtomicU64::new(first_id),
-            next_conn: AtomicU64::new(1),
-            connections: AtomicUsize::new(0),
-            draining: AtomicBool::new(false),
-            recovering: AtomicBool::new(false),
-            recover_wanted: AtomicBool::new(false),
-            shutdown: tokio::sync::watch::channel(false).0,
-            listeners,
-            redirect: RwLock::new(None),
-            redis_health: parking_lot::Mutex::new(None),
             cfg,
         });
         hub.spawn_background();
@@ -232,7 +214,7 @@ impl Hub {
             loop {
                 tokio::time::sleep(upstream::SWEEP_EVERY).await;
                 let Some(hub) = me.upgrade() else { return };
-                hub.up_limits.sweep();
+                hub.upstream.sweep();
             }
         });
         let Some(cl) = &self.cluster else {
@@ -246,7 +228,7 @@ impl Hub {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(hub) = me.upgrade() else { return };
-                if hub.is_draining() {
+                if hub.node.is_draining() {
                     return;
                 }
                 let failed = hub.router.refresh().await;
@@ -259,13 +241,13 @@ impl Hub {
 
     /// Connections, bound connections and the sinks' queues, as gauges.
     pub fn update_gauges(&self) {
-        metrics::gauge!("mpush_connections").set(self.connections() as f64);
+        metrics::gauge!("mpush_connections").set(self.node.connections() as f64);
         metrics::gauge!("mpush_bound_connections").set(self.bound() as f64);
         metrics::gauge!("mpush_trace_queue_depth").set(self.tracer.queued() as f64);
         if let Some(n) = self.inbox.total_hint() {
             metrics::gauge!("mpush_inbox_messages").set(n as f64);
         }
-        for (sink, n) in self.sinks.depths() {
+        for (sink, n) in self.upstream.sinks().depths() {
             metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
         }
     }
@@ -282,8 +264,19 @@ impl Hub {
         self.cluster.as_ref()
     }
 
-    pub fn listeners(&self) -> Listeners {
-        self.listeners
+    /// The node's state: connections, drain, readiness.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Sessions, bind, kicks, who is online.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    /// Up-pushes and lifecycle events.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
     }
 
     pub fn inbox(&self) -> &Arc<dyn InboxStore> {
@@ -294,196 +287,36 @@ impl Hub {
         &self.tracer
     }
 
-    pub fn sinks(&self) -> &Arc<Sinks> {
-        &self.sinks
+    /// Topic subscriptions (the API's verbs).
+    pub fn topics(&self) -> &Arc<dyn TopicStore> {
+        &self.topics
     }
 
     pub fn next_message_id(&self) -> u64 {
         self.next_message.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A connection opened: its id.
-    pub fn opened(&self) -> u64 {
-        self.connections.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("mpush_connections_total").increment(1);
-        self.next_conn.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// A connection (counted by `opened`) ended.
-    pub fn closed_conn(&self) {
-        self.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::Relaxed)
-    }
-
+    /// Bound connections on this node.
     pub fn bound(&self) -> usize {
         self.router.local().len()
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-
-    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-
-    /// Redis came back (the pub/sub connection's return, a registration
-    /// found missing, a renewal that succeeds again after failing): the
-    /// registration and every route of this node's connections go back into
-    /// Redis, then what was kept for its users while it was not listening is
-    /// handed over. Both are retried (0.1 s, doubling to 5 s) until they
-    /// succeed or the node drains: never left for a timer. One recovery runs
-    /// at a time; a call during one makes it run once more at its end.
-    pub async fn recover(&self) {
-        if self.cluster.is_none() {
-            return;
-        }
-        self.recover_wanted.store(true, Ordering::SeqCst);
-        if self.recovering.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        loop {
-            while self.recover_wanted.swap(false, Ordering::SeqCst) && !self.is_draining() {
-                self.reassert().await;
-                self.sweep_until_done().await;
-            }
-            self.recovering.store(false, Ordering::SeqCst);
-            // A call that came after the last check and found it running.
-            if !self.recover_wanted.load(Ordering::SeqCst)
-                || self.recovering.swap(true, Ordering::SeqCst)
-            {
-                break;
-            }
-        }
-    }
-
-    /// Puts this node's registration and every route of its connections
-    /// back into Redis, retrying until both are there (or the node drains).
-    pub async fn reassert(&self) {
-        let Some(cl) = &self.cluster else {
-            return;
-        };
-        let (mut registered, mut failed) = (false, usize::MAX);
-        let mut wait = Duration::from_millis(100);
-        let mut attempts = 0u32;
-        while !self.is_draining() {
-            attempts += 1;
-            if !registered {
-                registered = cl.register(self.connections(), true).await.is_some();
-            }
-            if failed > 0 {
-                failed = self.router.refresh().await;
-            }
-            if registered && failed == 0 {
-                break;
-            }
-            if attempts == 20 {
-                tracing::warn!(
-                    registered,
-                    failed,
-                    "re-asserting in Redis: still failing, trying on (up to every 5 s)"
-                );
-            }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-        *self.redis_health.lock() = None;
-        metrics::counter!("mpush_redis_reasserts_total").increment(1);
-        if registered && failed == 0 {
-            tracing::info!(
-                routes = self.bound(),
-                attempts,
-                "registration and routes re-asserted in Redis"
-            );
-        }
-    }
-
-    /// Hands over what is kept for the users connected here, retrying the
-    /// users whose inbox could not be read until none is left (or the node
-    /// drains).
-    async fn sweep_until_done(&self) {
-        let mut users = None;
-        let mut wait = Duration::from_millis(100);
-        while !self.is_draining() {
-            let failed = self.sweep_kept(users.take()).await;
-            if failed.is_empty() {
-                return;
-            }
-            tracing::warn!(
-                users = failed.len(),
-                "kept messages not read for some users: trying again"
-            );
-            users = Some(failed);
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    /// Ready for traffic: not draining, and the Redis it needs answers.
-    /// `/readyz` is open without a token: Redis is asked at most once a
-    /// second, within the cluster timeout, whatever the probe rate.
-    pub async fn ready(&self) -> Result<(), String> {
-        if self.is_draining() {
-            return Err("draining".into());
-        }
-        let Some(cl) = &self.cluster else {
-            return Ok(());
-        };
-        if let Some((at, r)) = &*self.redis_health.lock()
-            && at.elapsed() < Duration::from_secs(1)
-        {
-            return r.clone();
-        }
-        let limit = Duration::from_millis(self.cfg.settings.cluster.timeout_ms);
-        let r = match tokio::time::timeout(limit, cl.ping()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("redis: {e}")),
-            Err(_) => Err("redis: no answer within cluster.timeout_ms".into()),
-        };
-        *self.redis_health.lock() = Some((std::time::Instant::now(), r.clone()));
-        r
     }
 
     /// The start of a drain: this node leaves the cluster and removes its
     /// routes (no one sends here any more), picks where clients go, then
     /// tells every connection to drain.
     pub async fn start_drain(&self) {
-        self.draining.store(true, Ordering::Relaxed);
+        self.node.begin_drain();
+        let mut redirect = None;
         if let Some(cl) = &self.cluster {
             cl.deregister().await;
             self.router.withdraw().await;
-            let other = cl
+            redirect = cl
                 .live_nodes()
                 .await
                 .into_iter()
                 .find(|n| n.id != cl.node_id);
-            *self.redirect.write() = other;
         }
-        let _ = self.shutdown.send(true);
-    }
-
-    /// What a draining connection of `transport` is told:
-    /// an address of its own transport, and a jittered wait so the clients
-    /// of one node do not all arrive at once.
-    pub fn redirect_for(&self, transport: Transport) -> Redirect {
-        let s = &self.cfg.settings.shutdown;
-        let address = match (&*self.redirect.read(), transport) {
-            (Some(n), Transport::Ws) if !n.ws.is_empty() => n.ws.clone(),
-            (Some(n), Transport::Tcp) => n.tcp.clone(),
-            (_, Transport::Ws) => s.redirect_to_ws.clone(),
-            (_, Transport::Tcp) => s.redirect_to.clone(),
-        };
-        let jitter = s.redirect_jitter_ms.max(1);
-        let spread = u32::try_from(crate::clock::random_below(u64::from(jitter))).unwrap_or(0);
-        Redirect {
-            address,
-            retry_after_ms: 100 + spread,
-            jitter_ms: jitter,
-            reason: "server shutting down".into(),
-        }
+        self.node.signal_drain(redirect);
     }
 }
 
@@ -543,7 +376,7 @@ impl Delivery for Hub {
     }
 
     fn kick(&self, msg: KickMsg) {
-        self.kick_here(&msg);
+        self.sessions.kick_here(&msg);
     }
 
     async fn kept(&self, msg: crate::cluster::KeptMsg) {
@@ -555,10 +388,10 @@ impl Delivery for Hub {
     }
 
     fn load(&self) -> usize {
-        self.connections()
+        self.node.connections()
     }
 
     fn draining(&self) -> bool {
-        self.is_draining()
+        self.node.is_draining()
     }
 }

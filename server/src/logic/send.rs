@@ -161,7 +161,7 @@ impl Hub {
             )),
             _ => None,
         };
-        if self.is_draining() {
+        if self.node.is_draining() {
             return Err(SendError::Draining);
         }
         let fp = fingerprint(&req);

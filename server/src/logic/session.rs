@@ -6,13 +6,12 @@ use std::sync::Arc;
 use mpush_protocol::session::SessionRecord;
 use serde::Serialize;
 
-use super::Hub;
-use crate::auth::TokenError;
-use crate::cluster::KickMsg;
+use crate::auth::{BindAuth, TokenError};
+use crate::cluster::{Cluster, KickMsg};
 use crate::route::{
-    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Target, Transport,
+    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Router, Target, Transport,
 };
-use crate::store::StoreError;
+use crate::store::{InboxStore, SessionStore, StoreError};
 
 /// One online device of a user, on this node or another.
 #[derive(Debug, Clone, Serialize)]
@@ -47,10 +46,37 @@ pub struct UserView {
     pub inbox: usize,
 }
 
-impl Hub {
+/// The sessions service: resumable sessions, bind and its auth, unbind,
+/// kicks, and who is online.
+pub struct Sessions {
+    store: Arc<dyn SessionStore>,
+    auth: Arc<BindAuth>,
+    router: Arc<Router>,
+    cluster: Option<Arc<Cluster>>,
+    /// Read for a user's view (how many messages wait).
+    inbox: Arc<dyn InboxStore>,
+}
+
+impl Sessions {
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        auth: Arc<BindAuth>,
+        router: Arc<Router>,
+        cluster: Option<Arc<Cluster>>,
+        inbox: Arc<dyn InboxStore>,
+    ) -> Self {
+        Self {
+            store,
+            auth,
+            router,
+            cluster,
+            inbox,
+        }
+    }
+
     /// Stores a session so its client can resume.
-    pub async fn store_session(&self, s: SessionRecord) {
-        if let Err(e) = self.sessions.put(s).await {
+    pub async fn store(&self, s: SessionRecord) {
+        if let Err(e) = self.store.put(s).await {
             // The client falls back to a full handshake next time.
             tracing::warn!(error = %e, "session not stored");
         }
@@ -58,8 +84,8 @@ impl Hub {
 
     /// The session a client wants to resume (a store that is down reads as
     /// missing: the client falls back to a full handshake).
-    pub async fn session(&self, session_id: &str) -> Option<SessionRecord> {
-        self.sessions.get(session_id).await.unwrap_or_else(|e| {
+    pub async fn get(&self, session_id: &str) -> Option<SessionRecord> {
+        self.store.get(session_id).await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "session store unavailable: resume refused");
             None
         })
@@ -67,19 +93,15 @@ impl Hub {
 
     /// A v2 resume: the old ticket is single-use. False when it was already
     /// used (a concurrent replay): the connection must close.
-    pub async fn rotate_session(
-        &self,
-        replaces: Option<String>,
-        next: Option<SessionRecord>,
-    ) -> bool {
+    pub async fn rotate(&self, replaces: Option<String>, next: Option<SessionRecord>) -> bool {
         if let Some(old) = replaces
-            && !matches!(self.sessions.remove(&old).await, Ok(true))
+            && !matches!(self.store.remove(&old).await, Ok(true))
         {
             metrics::counter!("mpush_resume_replays_total").increment(1);
             return false;
         }
         if let Some(s) = next {
-            self.store_session(s).await;
+            self.store(s).await;
         }
         true
     }
@@ -97,8 +119,7 @@ impl Hub {
         previous: Option<&Arc<str>>,
     ) -> Result<Arc<str>, TokenError> {
         let grant = self
-            .cfg
-            .bind_auth
+            .auth
             .check(user_id, info.client_type, token)
             .inspect_err(|_| {
                 metrics::counter!("mpush_bind_refused_total").increment(1);
@@ -245,10 +266,5 @@ impl Hub {
             devices,
             inbox,
         })
-    }
-
-    /// Topic subscriptions (the API's verbs).
-    pub fn topics(&self) -> &Arc<dyn crate::store::TopicStore> {
-        &self.topics
     }
 }

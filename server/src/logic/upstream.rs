@@ -13,11 +13,10 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::Hub;
 use crate::clock::unix_ms;
 use crate::config::Limits;
 use crate::route::{ConnInfo, Transport};
-use crate::sink::{Refusal, SinkEvent};
+use crate::sink::{Refusal, SinkEvent, Sinks};
 
 /// Why an up-push was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +56,37 @@ pub struct UpPushOutcome {
 
 /// The per-connection and per-user up-push limiters (governor's keyed
 /// GCRA: state only for keys that sent recently; swept every 30 s).
-pub(super) struct UpLimits {
+/// The upstream service: up-pushes and lifecycle events to the sinks.
+pub struct Upstream {
+    sinks: Arc<Sinks>,
+    limits: UpLimits,
+    /// This node's id, in every event.
+    node_id: Arc<str>,
+    /// `limits.up_push_abuse_refusals`.
+    abuse_refusals: u32,
+}
+
+impl Upstream {
+    pub fn new(sinks: Arc<Sinks>, l: &Limits, node_id: &str) -> Self {
+        Self {
+            sinks,
+            limits: UpLimits::new(l),
+            node_id: node_id.into(),
+            abuse_refusals: l.up_push_abuse_refusals,
+        }
+    }
+
+    pub fn sinks(&self) -> &Arc<Sinks> {
+        &self.sinks
+    }
+
+    /// Forgets idle senders' rate state (every `SWEEP_EVERY`).
+    pub(super) fn sweep(&self) {
+        self.limits.sweep();
+    }
+}
+
+struct UpLimits {
     per_conn: DefaultKeyedRateLimiter<u64>,
     per_user: DefaultKeyedRateLimiter<Arc<str>>,
 }
@@ -69,7 +98,7 @@ fn quota(rate: u32, burst: u32) -> Quota {
 }
 
 impl UpLimits {
-    pub(super) fn new(l: &Limits) -> Self {
+    fn new(l: &Limits) -> Self {
         Self {
             per_conn: DefaultKeyedRateLimiter::keyed(quota(
                 l.up_push_rate_per_conn,
@@ -83,7 +112,7 @@ impl UpLimits {
     }
 
     /// Forgets keys whose buckets are full again (idle senders).
-    pub(super) fn sweep(&self) {
+    fn sweep(&self) {
         self.per_conn.retain_recent();
         self.per_conn.shrink_to_fit();
         self.per_user.retain_recent();
@@ -163,7 +192,7 @@ pub fn up_push_id(device_id: &str, message_id: Option<u64>) -> String {
     }
 }
 
-impl Hub {
+impl Upstream {
     /// A client's up-push: accepted once every sink that takes up-pushes
     /// accepted it; `strikes` is the connection's count of rate refusals
     /// in a row, and the outcome says when they reach the abuse limit.
@@ -180,7 +209,7 @@ impl Hub {
             Err(UpRefusal::RateLimited(_)) => strikes.0 += 1,
             _ => strikes.0 = 0,
         }
-        let close = strikes.0 >= self.cfg.settings.limits.up_push_abuse_refusals;
+        let close = strikes.0 >= self.abuse_refusals;
         if close {
             metrics::counter!("mpush_up_push_abuse_closed_total").increment(1);
         }
@@ -200,12 +229,12 @@ impl Hub {
         if !self.sinks.wants(SinkEvent::UpPush) {
             return Err(UpRefusal::NoSink);
         }
-        if self.up_limits.per_conn.check_key(&info.id).is_err() {
+        if self.limits.per_conn.check_key(&info.id).is_err() {
             metrics::counter!("mpush_up_pushes_refused_total", "reason" => "conn_rate")
                 .increment(1);
             return Err(UpRefusal::RateLimited("per connection"));
         }
-        if self.up_limits.per_user.check_key(user).is_err() {
+        if self.limits.per_user.check_key(user).is_err() {
             metrics::counter!("mpush_up_pushes_refused_total", "reason" => "user_rate")
                 .increment(1);
             return Err(UpRefusal::RateLimited("per user"));
@@ -223,7 +252,7 @@ impl Hub {
                 .is_none()
                 .then(|| base64::engine::general_purpose::STANDARD.encode(content)),
             received_at: unix_ms(),
-            node: self.router.node_id(),
+            node: &self.node_id,
         };
         let json = Bytes::from(serde_json::to_vec(&event).expect("serializable"));
         match self.sinks.submit(SinkEvent::UpPush, json).await {
@@ -258,7 +287,7 @@ impl Hub {
             transport: info.transport,
             reason,
             at: unix_ms(),
-            node: self.router.node_id(),
+            node: &self.node_id,
         };
         let json = Bytes::from(serde_json::to_vec(&event).expect("serializable"));
         self.sinks.notify(SinkEvent::Lifecycle, json);

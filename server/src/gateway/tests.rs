@@ -1,0 +1,514 @@
+//! The connection driver at its seams: an in-memory transport below it, a
+//! fake logic above it, and the protocol's own client machine at the other
+//! end of the pipe. No socket, no store: what the driver hands the logic
+//! layer, and what it does with the answers, is all that is observed.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use mpush_protocol::Instant;
+use mpush_protocol::client::{ClientCloseReason, ClientConfig, ClientConnection, ClientEvent};
+use mpush_protocol::dedup::DedupWindow;
+use mpush_protocol::message::Redirect;
+use mpush_protocol::server::OutboundPush;
+use mpush_protocol::session::{AckMode, SessionRecord};
+use mpush_protocol::testing::{default_key, test_device};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+
+use super::transport::{Incoming, Transport};
+use super::{Gateway, Logic, conn};
+use crate::auth::TokenError;
+use crate::logic::{Lifecycle, Outcome, Settling, UpPushOutcome, UpPushStrikes, UpRefusal};
+use crate::route::{self, ConnCommand, ConnInfo, ConnQueue};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A logic layer that records what it is told and answers as set.
+struct Fake {
+    next_conn: AtomicU64,
+    open: AtomicUsize,
+    shutdown: watch::Sender<bool>,
+    refuse_bind: AtomicBool,
+    /// The up-push answer: refused for the rate, and close the connection.
+    up_abuse: AtomicBool,
+    /// What `replay_inbox` hands a user who binds.
+    kept: Mutex<Vec<OutboundPush>>,
+    sessions: Mutex<Vec<SessionRecord>>,
+    /// Every call the driver made, in order, in words.
+    calls: Mutex<Vec<String>>,
+    /// The queue of the last connection that bound.
+    bound: Mutex<Option<Arc<ConnQueue>>>,
+}
+
+impl Fake {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            next_conn: AtomicU64::new(1),
+            open: AtomicUsize::new(0),
+            shutdown: watch::channel(false).0,
+            refuse_bind: AtomicBool::new(false),
+            up_abuse: AtomicBool::new(false),
+            kept: Mutex::new(Vec::new()),
+            sessions: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            bound: Mutex::new(None),
+        })
+    }
+
+    fn call(&self, what: impl Into<String>) {
+        self.calls.lock().push(what.into());
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().clone()
+    }
+
+    /// Waits until the driver has made `what` (they run on its task).
+    async fn called(&self, what: &str) {
+        let t0 = tokio::time::Instant::now();
+        while !self.calls().iter().any(|c| c == what) {
+            assert!(
+                t0.elapsed() < WAIT,
+                "no `{what}` call; calls: {:?}",
+                self.calls()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Logic for Fake {
+    fn opened(&self) -> u64 {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.next_conn.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        self.call("closed");
+    }
+
+    fn connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    fn redirect_for(&self, transport: route::Transport) -> Redirect {
+        self.call(format!("redirect {transport:?}"));
+        Redirect {
+            address: "10.0.0.2:3000".into(),
+            retry_after_ms: 100,
+            jitter_ms: 1,
+            reason: "server shutting down".into(),
+        }
+    }
+
+    async fn store_session(&self, s: SessionRecord) {
+        self.call("store_session");
+        self.sessions.lock().push(s);
+    }
+
+    async fn session(&self, session_id: &str) -> Option<SessionRecord> {
+        self.call("session");
+        self.sessions
+            .lock()
+            .iter()
+            .find(|s| s.session_id == session_id)
+            .cloned()
+    }
+
+    async fn rotate_session(&self, _: Option<String>, next: Option<SessionRecord>) -> bool {
+        self.call("rotate_session");
+        self.sessions.lock().extend(next);
+        true
+    }
+
+    async fn bind(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        user_id: &str,
+        tags: String,
+        token: &str,
+        _previous: Option<&Arc<str>>,
+    ) -> Result<Arc<str>, TokenError> {
+        self.call(format!("bind {user_id} {tags} {token} {}", info.device_id));
+        if self.refuse_bind.load(Ordering::SeqCst) {
+            return Err(TokenError::OtherUser);
+        }
+        *self.bound.lock() = Some(tx.clone());
+        Ok(user_id.into())
+    }
+
+    async fn unbind(&self, user: &str, _: &ConnInfo) -> bool {
+        self.call(format!("unbind {user}"));
+        true
+    }
+
+    async fn replay_inbox(&self, user: &Arc<str>, _: &ConnInfo) -> Vec<OutboundPush> {
+        self.call(format!("replay {user}"));
+        std::mem::take(&mut *self.kept.lock())
+    }
+
+    fn settle<'a>(
+        &'a self,
+        user: &'a Arc<str>,
+        _: &'a ConnInfo,
+        outcome: Outcome<'a>,
+    ) -> Option<Settling<'a>> {
+        let what = match &outcome {
+            Outcome::Written { traces, .. } => format!("written {user} {}", traces.join(",")),
+            Outcome::Refused { trace_id, .. } => format!("refused {user} {trace_id}"),
+            Outcome::Retried { trace_id, .. } => format!("retried {user} {trace_id}"),
+            Outcome::Acked(p) => format!("acked {user} {}", p.trace_id),
+            Outcome::TimedOut(p) => format!("timed out {user} {}", p.trace_id),
+            Outcome::Closed(unacked) => format!("closed with {} unacked", unacked.len()),
+        };
+        // The inbox work comes back as a future the connection awaits.
+        Some(Box::pin(async move { self.call(what) }))
+    }
+
+    async fn up_push(
+        &self,
+        user: Option<&Arc<str>>,
+        _: &ConnInfo,
+        content: &[u8],
+        _: Option<u64>,
+        _: &mut UpPushStrikes,
+    ) -> UpPushOutcome {
+        self.call(format!(
+            "up_push {} {}",
+            user.map_or("-", |u| &**u),
+            String::from_utf8_lossy(content)
+        ));
+        if self.up_abuse.load(Ordering::SeqCst) {
+            return UpPushOutcome {
+                result: Err(UpRefusal::RateLimited("per connection")),
+                close: true,
+            };
+        }
+        UpPushOutcome {
+            result: Ok(()),
+            close: false,
+        }
+    }
+
+    fn wants_lifecycle(&self) -> bool {
+        true
+    }
+
+    fn lifecycle(&self, kind: Lifecycle, user: &str, _: &ConnInfo, _: Option<&str>) {
+        self.call(format!("lifecycle {kind:?} {user}"));
+    }
+}
+
+/// An in-memory byte pipe: what the client writes arrives as `Data`; the
+/// client dropping its end is end of file.
+struct Pipe {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Transport for Pipe {
+    const KIND: route::Transport = route::Transport::Tcp;
+
+    async fn recv(&mut self) -> io::Result<Incoming> {
+        Ok(match self.rx.recv().await {
+            Some(b) => Incoming::Data(b),
+            None => Incoming::Eof,
+        })
+    }
+
+    async fn send(&mut self, data: Bytes) -> io::Result<()> {
+        self.tx
+            .send(data)
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
+    }
+
+    async fn send_text(&mut self, _: String) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+
+    async fn ping(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    async fn shutdown(&mut self) {}
+}
+
+/// The protocol's client machine at the other end of a pipe.
+struct Client {
+    machine: ClientConnection,
+    to_server: Option<mpsc::UnboundedSender<Bytes>>,
+    from_server: mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl Client {
+    fn flush(&mut self) {
+        while let Some(b) = self.machine.poll_transmit() {
+            if let Some(tx) = &self.to_server {
+                let _ = tx.send(b);
+            }
+        }
+    }
+
+    /// The next event, reading from the server as needed.
+    async fn next(&mut self) -> ClientEvent {
+        loop {
+            self.flush();
+            if let Some(e) = self.machine.poll_event() {
+                self.flush();
+                return e;
+            }
+            let got = tokio::time::timeout(WAIT, self.from_server.recv()).await;
+            match got.expect("the server answers within the wait") {
+                Some(b) => self.machine.handle_input(&b, Instant::now()),
+                None => self.machine.close(),
+            }
+        }
+    }
+
+    /// Connected, or panics.
+    async fn connected(&mut self) {
+        let e = self.next().await;
+        assert!(
+            matches!(e, ClientEvent::Connected { resumed: false, .. }),
+            "{e:?}"
+        );
+    }
+
+    async fn bind(&mut self, user: &str) -> ClientEvent {
+        self.machine
+            .bind(user, "vip,beta", "a-token", Instant::now())
+            .expect("connected");
+        self.next().await
+    }
+}
+
+/// A gateway over `logic`, and one connection to it driven on its own task.
+fn connect(logic: &Arc<Fake>) -> (Client, tokio::task::JoinHandle<()>) {
+    let mut s = crate::config::Settings::default();
+    s.net.tcp = "127.0.0.1:0".into();
+    s.net.ws = "127.0.0.1:0".into();
+    s.net.http = "127.0.0.1:0".into();
+    let cfg = s.validate().expect("valid settings");
+    let proto = Arc::new(mpush_protocol::server::ServerConfig::new(
+        cfg.private_key.clone(),
+    ));
+    let gw = Gateway::new(logic.clone(), proto, &cfg);
+    let (to_server, rx) = mpsc::unbounded_channel();
+    let (tx, from_server) = mpsc::unbounded_channel();
+    let peer: std::net::SocketAddr = "127.0.0.1:40000".parse().expect("address");
+    let slot = gw.per_ip.acquire(peer.ip()).expect("a slot");
+    let id = logic.opened();
+    let task = tokio::spawn(conn::serve(Pipe { rx, tx }, gw, id, peer, slot, false));
+    let machine = ClientConnection::new(
+        Arc::new(ClientConfig::new(
+            Arc::new(default_key().public()),
+            test_device(),
+        )),
+        [7; 32],
+        Instant::now(),
+        crate::clock::unix_ms(),
+        None,
+        DedupWindow::default(),
+    );
+    let client = Client {
+        machine,
+        to_server: Some(to_server),
+        from_server,
+    };
+    (client, task)
+}
+
+fn push(trace: &str, content: &str) -> OutboundPush {
+    OutboundPush {
+        message_id: 0,
+        trace_id: trace.into(),
+        content: Bytes::copy_from_slice(content.as_bytes()),
+        ack_mode: AckMode::Auto,
+        expires_at_ms: 0,
+        ack_timeout: None,
+        queued_at: None,
+    }
+}
+
+fn send(logic: &Fake, p: OutboundPush) {
+    let q = logic.bound.lock().clone().expect("a bound connection");
+    assert!(q.try_send(ConnCommand::Push(Arc::new(p))).is_ok());
+}
+
+#[tokio::test]
+async fn a_bound_connection_writes_a_push_and_settles_its_ack() {
+    let logic = Fake::new();
+    let (mut client, task) = connect(&logic);
+    client.connected().await;
+    assert!(logic.calls().contains(&"store_session".to_owned()));
+
+    let e = client.bind("alice").await;
+    assert_eq!(
+        e,
+        ClientEvent::BindOk {
+            user_id: "alice".into()
+        }
+    );
+    let device = test_device().device_id;
+    let calls = logic.calls();
+    let at = |c: &str| calls.iter().position(|x| x == c);
+    let bind = at(&format!("bind alice vip,beta a-token {device}")).expect("bind");
+    let bound = at("lifecycle Bound alice").expect("lifecycle");
+    let replay = at("replay alice").expect("replay");
+    assert!(bind < bound && bound < replay, "{calls:?}");
+
+    send(
+        &logic,
+        OutboundPush {
+            message_id: 11,
+            ..push("t-1", "hello")
+        },
+    );
+    let ClientEvent::Message(m) = client.next().await else {
+        panic!("a message");
+    };
+    assert_eq!((&*m.content, m.trace_id.as_str()), (&b"hello"[..], "t-1"));
+    logic.called("written alice t-1").await;
+    // The client acknowledges on its own (auto ACK) when it next writes.
+    client.flush();
+    logic.called("acked alice t-1").await;
+
+    // The client goes: the driver unbinds, settles nothing left, and
+    // closes its count.
+    drop(client);
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+    let calls = logic.calls();
+    assert!(
+        calls.contains(&"closed with 0 unacked".to_owned()),
+        "{calls:?}"
+    );
+    assert!(calls.contains(&"unbind alice".to_owned()), "{calls:?}");
+    assert_eq!(calls.last().map(String::as_str), Some("closed"));
+    assert_eq!(logic.connections(), 0);
+}
+
+#[tokio::test]
+async fn a_refused_bind_is_mpush_s_bind_error_and_nothing_is_registered() {
+    let logic = Fake::new();
+    logic.refuse_bind.store(true, Ordering::SeqCst);
+    let (mut client, task) = connect(&logic);
+    client.connected().await;
+    let e = client.bind("mallory").await;
+    let ClientEvent::Closed {
+        reason: ClientCloseReason::ServerError { reason, .. },
+        ..
+    } = e
+    else {
+        panic!("the client closes on the bind error: {e:?}");
+    };
+    assert_eq!(reason, "bind failed");
+    drop(client);
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+    let calls = logic.calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("replay") || c.starts_with("lifecycle")),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.starts_with("unbind")), "{calls:?}");
+}
+
+#[tokio::test]
+async fn what_was_kept_is_replayed_in_order_at_bind() {
+    let logic = Fake::new();
+    logic.kept.lock().extend([
+        OutboundPush {
+            message_id: 1,
+            ..push("k-1", "first")
+        },
+        OutboundPush {
+            message_id: 2,
+            ..push("k-2", "second")
+        },
+    ]);
+    let (mut client, _task) = connect(&logic);
+    client.connected().await;
+    assert!(matches!(
+        client.bind("bob").await,
+        ClientEvent::BindOk { .. }
+    ));
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let ClientEvent::Message(m) = client.next().await else {
+            panic!("a message");
+        };
+        got.push(m.trace_id);
+    }
+    assert_eq!(got, ["k-1", "k-2"]);
+    logic.called("written bob k-1,k-2").await;
+}
+
+#[tokio::test]
+async fn an_up_push_the_logic_calls_abuse_closes_the_connection() {
+    let logic = Fake::new();
+    logic.up_abuse.store(true, Ordering::SeqCst);
+    let (mut client, task) = connect(&logic);
+    client.connected().await;
+    assert!(matches!(
+        client.bind("eve").await,
+        ClientEvent::BindOk { .. }
+    ));
+    client
+        .machine
+        .push(b"spam", AckMode::Auto, WAIT, Instant::now())
+        .expect("connected");
+    // The refusal, then the close: the decision is the logic's.
+    loop {
+        match client.next().await {
+            ClientEvent::Closed { .. } => break,
+            ClientEvent::PushRefused { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+    assert!(logic.calls().contains(&"up_push eve spam".to_owned()));
+}
+
+#[tokio::test]
+async fn a_drain_redirects_the_client_then_closes() {
+    let logic = Fake::new();
+    let (mut client, task) = connect(&logic);
+    client.connected().await;
+    assert!(matches!(
+        client.bind("carol").await,
+        ClientEvent::BindOk { .. }
+    ));
+    let _ = logic.shutdown.send(true);
+    let e = client.next().await;
+    let ClientEvent::Redirect(r) = e else {
+        panic!("a redirect: {e:?}");
+    };
+    assert_eq!(r.address, "10.0.0.2:3000");
+    assert!(logic.calls().contains(&"redirect Tcp".to_owned()));
+    // Nothing in flight: the driver closes without waiting for the drain timeout.
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+    assert!(logic.calls().contains(&"unbind carol".to_owned()));
+}

@@ -1,0 +1,103 @@
+//! Recovery after Redis came back: this node's registration and routes go
+//! back into Redis, then what was kept for its users while it was not
+//! listening is handed over. A use case over the node's state and delivery.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Hub;
+
+impl Hub {
+    /// Redis came back (the pub/sub connection's return, a registration
+    /// found missing, a renewal that succeeds again after failing): the
+    /// registration and every route of this node's connections go back into
+    /// Redis, then what was kept for its users while it was not listening is
+    /// handed over. Both are retried (0.1 s, doubling to 5 s) until they
+    /// succeed or the node drains: never left for a timer. One recovery runs
+    /// at a time; a call during one makes it run once more at its end.
+    pub async fn recover(&self) {
+        if self.cluster.is_none() {
+            return;
+        }
+        self.node.recover_wanted.store(true, Ordering::SeqCst);
+        if self.node.recovering.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        loop {
+            while self.node.recover_wanted.swap(false, Ordering::SeqCst) && !self.node.is_draining()
+            {
+                self.reassert().await;
+                self.sweep_until_done().await;
+            }
+            self.node.recovering.store(false, Ordering::SeqCst);
+            // A call that came after the last check and found it running.
+            if !self.node.recover_wanted.load(Ordering::SeqCst)
+                || self.node.recovering.swap(true, Ordering::SeqCst)
+            {
+                break;
+            }
+        }
+    }
+
+    /// Puts this node's registration and every route of its connections
+    /// back into Redis, retrying until both are there (or the node drains).
+    pub async fn reassert(&self) {
+        let Some(cl) = &self.cluster else {
+            return;
+        };
+        let (mut registered, mut failed) = (false, usize::MAX);
+        let mut wait = Duration::from_millis(100);
+        let mut attempts = 0u32;
+        while !self.node.is_draining() {
+            attempts += 1;
+            if !registered {
+                registered = cl.register(self.node.connections(), true).await.is_some();
+            }
+            if failed > 0 {
+                failed = self.router.refresh().await;
+            }
+            if registered && failed == 0 {
+                break;
+            }
+            if attempts == 20 {
+                tracing::warn!(
+                    registered,
+                    failed,
+                    "re-asserting in Redis: still failing, trying on (up to every 5 s)"
+                );
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+        self.node.forget_health();
+        metrics::counter!("mpush_redis_reasserts_total").increment(1);
+        if registered && failed == 0 {
+            tracing::info!(
+                routes = self.bound(),
+                attempts,
+                "registration and routes re-asserted in Redis"
+            );
+        }
+    }
+
+    /// Hands over what is kept for the users connected here, retrying the
+    /// users whose inbox could not be read until none is left (or the node
+    /// drains).
+    async fn sweep_until_done(&self) {
+        let mut users = None;
+        let mut wait = Duration::from_millis(100);
+        while !self.node.is_draining() {
+            let failed = self.sweep_kept(users.take()).await;
+            if failed.is_empty() {
+                return;
+            }
+            tracing::warn!(
+                users = failed.len(),
+                "kept messages not read for some users: trying again"
+            );
+            users = Some(failed);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+}
