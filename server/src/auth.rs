@@ -106,15 +106,34 @@ pub struct TokenKeys<'a> {
     pub max_bind_token_lifetime_secs: u64,
 }
 
+/// What is wrong with the configured token keys (the words name the setting).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("{file}: {reason}")]
+    File { file: String, reason: String },
+    #[error("jwt_secret needs 32 characters or more")]
+    ShortSecret,
+    #[error("give jwt_secret or jwt_public_key, not both")]
+    Both,
+    /// A key the JWT library refused (`setting: reason`).
+    #[error("{setting}: {reason}")]
+    Key {
+        setting: &'static str,
+        reason: String,
+    },
+}
+
 impl BindAuth {
     /// From the token keys; `Err` names what is wrong with a key.
-    pub fn new(s: &TokenKeys<'_>) -> Result<Self, String> {
+    pub fn new(s: &TokenKeys<'_>) -> Result<Self, KeyError> {
         let public = if !s.jwt_public_key.is_empty() {
             Some(s.jwt_public_key.to_owned())
         } else if !s.jwt_public_key_file.is_empty() {
             Some(
-                std::fs::read_to_string(s.jwt_public_key_file)
-                    .map_err(|e| format!("{}: {e}", s.jwt_public_key_file))?,
+                std::fs::read_to_string(s.jwt_public_key_file).map_err(|e| KeyError::File {
+                    file: s.jwt_public_key_file.to_owned(),
+                    reason: e.to_string(),
+                })?,
             )
         } else {
             None
@@ -123,23 +142,28 @@ impl BindAuth {
             ("", None) => None,
             (secret, None) => {
                 if secret.len() < 32 {
-                    return Err("jwt_secret needs 32 characters or more".into());
+                    return Err(KeyError::ShortSecret);
                 }
-                let key = DecodingKey::from_secret(secret.as_bytes())
-                    .map_err(|e| format!("jwt_secret: {e}"))?;
+                let key =
+                    DecodingKey::from_secret(secret.as_bytes()).map_err(|e| KeyError::Key {
+                        setting: "jwt_secret",
+                        reason: e.to_string(),
+                    })?;
                 Some((key, Algorithm::HS256))
             }
             // An SPKI PEM does not name its algorithm in the armour.
             ("", Some(pem)) => Some(match DecodingKey::from_ec_pem(pem.as_bytes()) {
                 Ok(k) => (k, Algorithm::ES256),
                 Err(_) => (
-                    DecodingKey::from_rsa_pem(pem.as_bytes())
-                        .map_err(|e| format!("jwt_public_key: {e}"))?,
+                    DecodingKey::from_rsa_pem(pem.as_bytes()).map_err(|e| KeyError::Key {
+                        setting: "jwt_public_key",
+                        reason: e.to_string(),
+                    })?,
                     Algorithm::RS256,
                 ),
             }),
             (_, Some(_)) => {
-                return Err("give jwt_secret or jwt_public_key, not both".into());
+                return Err(KeyError::Both);
             }
         };
         // The algorithm is pinned by the configuration: `none` and algorithm
@@ -228,7 +252,7 @@ pub fn mint_jwt(
     ttl_secs: u64,
     client_type: Option<i32>,
     tags: Option<String>,
-) -> Result<String, String> {
+) -> Result<String, jsonwebtoken::errors::Error> {
     let claims = Claims {
         sub: user_id.to_owned(),
         exp: u64::try_from(unix_ms() / 1000).unwrap_or(0) + ttl_secs,
@@ -238,18 +262,18 @@ pub fn mint_jwt(
     let (header, enc) = match key {
         MintKey::Secret(s) => (
             Header::new(Algorithm::HS256),
-            EncodingKey::from_secret(s.as_bytes()).map_err(|e| e.to_string())?,
+            EncodingKey::from_secret(s.as_bytes())?,
         ),
         MintKey::RsaPem(p) => (
             Header::new(Algorithm::RS256),
-            EncodingKey::from_rsa_pem(p.as_bytes()).map_err(|e| e.to_string())?,
+            EncodingKey::from_rsa_pem(p.as_bytes())?,
         ),
         MintKey::EcPem(p) => (
             Header::new(Algorithm::ES256),
-            EncodingKey::from_ec_pem(p.as_bytes()).map_err(|e| e.to_string())?,
+            EncodingKey::from_ec_pem(p.as_bytes())?,
         ),
     };
-    jsonwebtoken::encode(&header, &claims, &enc).map_err(|e| e.to_string())
+    jsonwebtoken::encode(&header, &claims, &enc)
 }
 
 /// The key a token is minted with.

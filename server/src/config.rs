@@ -530,10 +530,10 @@ pub enum ConfigError {
     Invalid { key: &'static str, reason: String },
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: &'static str, reason: impl std::fmt::Display) -> ConfigError {
     ConfigError::Invalid {
         key,
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 

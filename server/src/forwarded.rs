@@ -29,12 +29,21 @@ pub enum ForwardedHeader {
     Forwarded,
 }
 
+/// A forwarding setting that cannot be used (the words quote it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("`{0}`: x-forwarded-for or forwarded")]
+    Header(String),
+    #[error("`{0}` is not an IP address or CIDR")]
+    Address(String),
+}
+
 impl ForwardedHeader {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ProxyError> {
         match s.to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(Self::XForwardedFor),
             "forwarded" => Ok(Self::Forwarded),
-            _ => Err(format!("`{s}`: x-forwarded-for or forwarded")),
+            _ => Err(ProxyError::Header(s.to_owned())),
         }
     }
 }
@@ -134,13 +143,13 @@ pub struct TrustedProxies {
 }
 
 impl TrustedProxies {
-    pub fn parse(list: &[String], header: ForwardedHeader) -> Result<Self, String> {
+    pub fn parse(list: &[String], header: ForwardedHeader) -> Result<Self, ProxyError> {
         let nets = list
             .iter()
             .map(|p| {
                 p.parse::<ipnet::IpNet>()
                     .or_else(|_| p.parse::<IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| format!("`{p}` is not an IP address or CIDR"))
+                    .map_err(|_| ProxyError::Address(p.clone()))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { nets, header })

@@ -47,6 +47,9 @@ pub struct Running {
     pub hub: Arc<Hub>,
     tasks: Vec<JoinHandle<()>>,
     http_stop: tokio::sync::watch::Sender<bool>,
+    /// The certificate in use: its reload watch runs while this is held
+    /// (the listeners' acceptors read through it).
+    _tls: Option<Arc<tls::Tls>>,
 }
 
 /// The process-wide Prometheus recorder (installed once, shared by servers
@@ -164,6 +167,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         hub,
         tasks,
         http_stop,
+        _tls: cfg.tls.clone(),
     })
 }
 

@@ -48,19 +48,48 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// Reads a chain and its key and checks that they belong together.
-fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<CertifiedKey>, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
-        .map_err(|e| format!("{}: {e}", cert_file.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", cert_file.display()))?;
-    if chain.is_empty() {
-        return Err(format!("{}: no certificate in it", cert_file.display()));
+/// Why a certificate could not be loaded (the words name the file).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The file could not be read or is not PEM.
+    #[error("{file}: {reason}")]
+    File { file: String, reason: String },
+    #[error("{0}: no certificate in it")]
+    NoCertificate(String),
+    /// The key does not belong to the certificate (or is of a kind rustls
+    /// does not take).
+    #[error("{cert} with {key}: {reason}")]
+    Mismatch {
+        cert: String,
+        key: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    Config(#[from] rustls::Error),
+}
+
+fn file_error(p: &Path, e: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        file: p.display().to_string(),
+        reason: e.to_string(),
     }
-    let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| format!("{}: {e}", key_file.display()))?;
-    let ck = CertifiedKey::from_der(chain, key, &provider())
-        .map_err(|e| format!("{} with {}: {e}", cert_file.display(), key_file.display()))?;
+}
+
+/// Reads a chain and its key and checks that they belong together.
+fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+        .map_err(|e| file_error(cert_file, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_error(cert_file, e))?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate(cert_file.display().to_string()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| file_error(key_file, e))?;
+    let ck = CertifiedKey::from_der(chain, key, &provider()).map_err(|e| TlsError::Mismatch {
+        cert: cert_file.display().to_string(),
+        key: key_file.display().to_string(),
+        reason: e.to_string(),
+    })?;
     Ok(Arc::new(ck))
 }
 
@@ -69,14 +98,13 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 }
 
 impl Tls {
-    pub fn new(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, String> {
+    pub fn new(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, TlsError> {
         let key = load(cert_file, key_file)?;
         let current = Arc::new(Current {
             key: RwLock::new(key),
         });
         let mut config = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_cert_resolver(current.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -95,7 +123,7 @@ impl Tls {
 
     /// Reads the files again; new handshakes get the new certificate,
     /// connections already open keep theirs.
-    pub fn reload(&self) -> Result<(), String> {
+    pub fn reload(&self) -> Result<(), TlsError> {
         let key = load(&self.cert_file, &self.key_file)?;
         *self.current.key.write() = key;
         *self.stamp.lock() = (mtime(&self.cert_file), mtime(&self.key_file));

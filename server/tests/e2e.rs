@@ -692,6 +692,7 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
     v2.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
         .await;
     let kept = hub
+        .delivery()
         .inbox()
         .list("gina", unix_ms())
         .await

@@ -94,15 +94,15 @@ pub struct HubService(pub Arc<Hub>);
 #[async_trait]
 impl Service for HubService {
     async fn send(&self, req: SendRequest) -> Result<SendAnswer, SendError> {
-        self.0.send(req).await
+        self.0.delivery().send(req).await
     }
 
     fn can_reach(&self, target: &CallbackTarget) -> bool {
-        self.0.tracer().callbacks().can_reach(target)
+        self.0.delivery().tracer().callbacks().can_reach(target)
     }
 
     async fn trace(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError> {
-        self.0.tracer().get(trace_id).await
+        self.0.delivery().tracer().get(trace_id).await
     }
 
     async fn user(&self, user: &str) -> Result<UserView, StoreError> {
@@ -114,11 +114,11 @@ impl Service for HubService {
     }
 
     async fn subscribe(&self, topic: &str, user: &str) -> Result<bool, TopicFull> {
-        self.0.topics().subscribe(topic, user).await
+        self.0.delivery().topics().subscribe(topic, user).await
     }
 
     async fn unsubscribe(&self, topic: &str, user: &str) -> Result<bool, StoreError> {
-        self.0.topics().unsubscribe(topic, user).await
+        self.0.delivery().topics().unsubscribe(topic, user).await
     }
 
     fn health(&self) -> Health {

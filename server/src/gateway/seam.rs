@@ -151,7 +151,7 @@ impl Logic for Hub {
         user: &Arc<str>,
         info: &ConnInfo,
     ) -> impl Future<Output = Vec<OutboundPush>> + Send {
-        Hub::replay_inbox(self, user, info)
+        self.delivery().replay_inbox(user, info)
     }
 
     fn settle<'a>(
@@ -160,7 +160,7 @@ impl Logic for Hub {
         info: &'a ConnInfo,
         outcome: Outcome<'a>,
     ) -> Option<Settling<'a>> {
-        Hub::settle(self, user, info, outcome)
+        self.delivery().settle(user, info, outcome)
     }
 
     fn up_push(

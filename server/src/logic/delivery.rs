@@ -3,7 +3,7 @@
 //! connection's queue and each remote node (one frame per node per batch),
 //! and record what happened. Outcomes of pushes handed to a connection come
 //! back from its machine (written, acknowledged, timed out, closed) to the
-//! `settle_*` functions here, which own the trace and the inbox.
+//! `settle` here (one `Outcome`), which owns the trace and the inbox.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,13 +15,17 @@ use mpush_protocol::message::v2;
 use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::AckMode;
 
-use super::Hub;
+use super::Node;
 use super::callback::CallbackTarget;
 use super::filter::Filter;
+use super::flow::RateLimiter;
+use super::trace::Tracer;
 use crate::clock::unix_ms;
-use crate::cluster::BroadcastMsg;
-use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, SendError, Target};
-use crate::store::{InboxError, StoredMessage, TraceState};
+use crate::cluster::{BroadcastMsg, Cluster};
+use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, Router, SendError, Target};
+use crate::store::{
+    IdempotencyStore, InboxError, InboxStore, StoredMessage, TopicStore, TraceState,
+};
 
 /// What to send, independent of who gets it.
 #[derive(Debug, Clone)]
@@ -136,7 +140,7 @@ impl Attempt {
 
 static NO_DEVICE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
 
-/// What became of pushes on one connection, for `Hub::settle`.
+/// What became of pushes on one connection, for `DeliveryService::settle`.
 #[derive(Debug)]
 pub enum Outcome<'a> {
     /// Written to the socket; `kept`: inbox copies of them (TTL pushes
@@ -163,7 +167,47 @@ pub enum Outcome<'a> {
 /// The inbox work an outcome leaves, for the connection to await.
 pub type Settling<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
-impl Hub {
+/// The delivery service: the route layer, the inbox, topics, idempotency,
+/// the tracer and flow control, with the delivery settings. Every push the
+/// API takes (`send.rs`) and every outcome a connection reports (`settle`)
+/// runs here.
+pub struct DeliveryService {
+    pub(super) settings: crate::config::Delivery,
+    pub(super) node: Arc<Node>,
+    pub(super) router: Arc<Router>,
+    pub(super) cluster: Option<Arc<Cluster>>,
+    pub(super) inbox: Arc<dyn InboxStore>,
+    pub(super) topics: Arc<dyn TopicStore>,
+    pub(super) idempotency: Arc<dyn IdempotencyStore>,
+    pub(super) tracer: Tracer,
+    pub(super) push_limiter: RateLimiter,
+    pub(super) broadcast_limiter: RateLimiter,
+    pub(super) next_message: std::sync::atomic::AtomicU64,
+}
+
+impl DeliveryService {
+    pub fn next_message_id(&self) -> u64 {
+        self.next_message
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    pub fn inbox(&self) -> &Arc<dyn InboxStore> {
+        &self.inbox
+    }
+
+    /// Topic subscriptions (the API's verbs).
+    pub fn topics(&self) -> &Arc<dyn TopicStore> {
+        &self.topics
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
     /// Delivers one message to one user.
     pub async fn push_user(
         &self,
@@ -198,7 +242,7 @@ impl Hub {
         // the user to any node (a default TTL when the caller gave none).
         let keep_secs = match (spec.ttl_secs, spec.ack_mode) {
             (0, AckMode::None) => 0,
-            (0, _) => self.cfg.settings.delivery.session_ttl_secs,
+            (0, _) => self.settings.session_ttl_secs,
             (t, _) => t,
         };
         let message_id = self.next_message_id();
@@ -316,7 +360,8 @@ impl Hub {
     /// kept them): handed to those connections now.
     /// An inbox that cannot be read makes the node recover (re-assert,
     /// then sweep every local user's inbox until it reads).
-    pub(super) async fn deliver_kept(&self, msg: crate::cluster::KeptMsg) {
+    /// False when some inbox could not be read (the node must recover).
+    pub(super) async fn deliver_kept(&self, msg: crate::cluster::KeptMsg) -> bool {
         let mut unread = false;
         for (user, message_id) in msg.kept {
             let user: Arc<str> = user.into();
@@ -324,8 +369,8 @@ impl Hub {
         }
         if unread {
             tracing::warn!("an announced kept message could not be read: recovering");
-            self.recover().await;
         }
+        !unread
     }
 
     /// Everything kept for the users connected here (or for `only` of
@@ -662,7 +707,8 @@ impl Hub {
         tags: Vec<String>,
         condition: Option<String>,
         filter: Arc<Filter>,
-    ) -> Result<(), String> {
+    ) -> Result<(), super::send::SendError> {
+        use super::send::SendError;
         let message_id = self.next_message_id();
         if let Some(cl) = &self.cluster {
             let msg = BroadcastMsg {
@@ -678,13 +724,13 @@ impl Hub {
             return cl
                 .publish_broadcast(&msg)
                 .await
-                .map_err(|e| format!("cluster unavailable: {e}"));
+                .map_err(|e| SendError::Unavailable(format!("cluster unavailable: {e}")));
         }
         if let Some(target) = spec.callback.clone() {
             self.tracer
                 .callbacks()
                 .watch(&trace_id, target, spec.ack_mode != AckMode::None, true)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| SendError::Unavailable(e.to_string()))?;
         }
         let hub = self.clone();
         tokio::spawn(async move {
@@ -703,7 +749,7 @@ impl Hub {
         spec: &MessageSpec,
         filter: Arc<Filter>,
     ) -> usize {
-        let max = self.cfg.settings.delivery.broadcast_max;
+        let max = self.settings.broadcast_max;
         let targets = if filter.condition.is_some() {
             // A condition is evaluated once per connection, each within its
             // budget: on the blocking pool, not on the async workers that
@@ -863,7 +909,7 @@ impl Hub {
     /// to the user's inbox, with the session TTL when it had none, and is
     /// redelivered on the user's next bind on any node.
     async fn keep_unacked(&self, user: &Arc<str>, info: &ConnInfo, unacked: Vec<OutboundPush>) {
-        let keep_ms = i64::try_from(self.cfg.settings.delivery.session_ttl_secs)
+        let keep_ms = i64::try_from(self.settings.session_ttl_secs)
             .unwrap_or(86_400)
             .saturating_mul(1000);
         for p in unacked {

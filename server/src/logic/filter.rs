@@ -60,6 +60,18 @@ impl FilterStats {
     }
 }
 
+/// Why a broadcast's audience cannot be used (the caller's 400; the words
+/// say what to write instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    #[error("tags lists {0} tags; at most {MAX_FILTER_TAGS}")]
+    TooManyTags(usize),
+    #[error("each tag is 1 to {MAX_FILTER_TAG_LEN} bytes (`{0}`)")]
+    BadTag(String),
+    #[error("condition: {0}")]
+    Condition(String),
+}
+
 impl Filter {
     /// Compiles the condition once (never evaluates it): a syntax error,
     /// an unknown name, a result that can never be a boolean or a limit
@@ -68,24 +80,20 @@ impl Filter {
         tags: Vec<String>,
         condition: Option<&str>,
         client_type: Option<i32>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, FilterError> {
         if tags.len() > MAX_FILTER_TAGS {
-            return Err(format!(
-                "tags lists {} tags; at most {MAX_FILTER_TAGS}",
-                tags.len()
-            ));
+            return Err(FilterError::TooManyTags(tags.len()));
         }
         if let Some(t) = tags
             .iter()
             .find(|t| t.is_empty() || t.len() > MAX_FILTER_TAG_LEN)
         {
-            return Err(format!(
-                "each tag is 1 to {MAX_FILTER_TAG_LEN} bytes (`{}`)",
-                t.chars().take(40).collect::<String>()
-            ));
+            return Err(FilterError::BadTag(t.chars().take(40).collect()));
         }
         let condition = match condition.filter(|c| !c.trim().is_empty()) {
-            Some(c) => Some(Condition::compile(c).map_err(|e| format!("condition: {e}"))?),
+            Some(c) => {
+                Some(Condition::compile(c).map_err(|e| FilterError::Condition(e.to_string()))?)
+            }
             None => None,
         };
         Ok(Self {
@@ -148,14 +156,17 @@ mod tests {
     fn conditions_are_compiled_not_tried() {
         // A substring of a field: a trial run on empty fields would throw.
         assert!(Filter::new(vec![], Some("userId.substring(0, 3) == 'vip'"), None).is_ok());
-        let e = Filter::new(vec![], Some("userId"), None).expect_err("not a boolean");
+        let e = Filter::new(vec![], Some("userId"), None)
+            .expect_err("not a boolean")
+            .to_string();
         assert!(e.contains("never true or false"), "{e}");
         let e = Filter::new(
             vec![],
             Some(r#"str::regex_replace(userId, "", userId) == """#),
             None,
         )
-        .expect_err("can grow");
+        .expect_err("can grow")
+        .to_string();
         assert!(e.contains("grow"), "{e}");
     }
 }

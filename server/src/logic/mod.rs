@@ -17,7 +17,7 @@ pub mod trace;
 mod upstream;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -36,7 +36,7 @@ use crate::store::{
     IdempotencyStore, InboxStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
     MemoryTraces, SessionStore, TopicStore, TraceStore,
 };
-pub use delivery::{MessageSpec, Outcome, Settling, UserOutcome, UserStatus};
+pub use delivery::{DeliveryService, MessageSpec, Outcome, Settling, UserOutcome, UserStatus};
 pub use node::{Listeners, Node, NodeSettings, NotReady};
 pub use session::{DeviceView, Sessions, UserView};
 use trace::Tracer;
@@ -57,21 +57,15 @@ pub struct Stores {
 /// Each service has its own slice of the settings; `lib.rs::start` builds
 /// one `Hub` and hands the gateway and the API their views of it.
 pub struct Hub {
-    cfg: Arc<Validated>,
+    /// The protocol machines' settings (the gateway takes them at start).
     proto: Arc<ServerConfig>,
-    node: Node,
+    /// For cluster membership and the background loops.
+    cluster: Option<Arc<Cluster>>,
+    route_refresh: Duration,
+    node: Arc<Node>,
     sessions: Sessions,
     upstream: Upstream,
-    // ----- delivery --------------------------------------------------
-    router: Arc<Router>,
-    cluster: Option<Arc<Cluster>>,
-    inbox: Arc<dyn InboxStore>,
-    topics: Arc<dyn TopicStore>,
-    idempotency: Arc<dyn IdempotencyStore>,
-    tracer: Tracer,
-    push_limiter: flow::RateLimiter,
-    broadcast_limiter: flow::RateLimiter,
-    next_message: AtomicU64,
+    delivery: Arc<DeliveryService>,
 }
 
 impl Hub {
@@ -161,19 +155,19 @@ impl Hub {
             cluster.as_ref().map(|c| c.redis.clone()),
         ));
         let router = Arc::new(Router::new(node_id.clone(), table));
-        let hub = Arc::new(Self {
-            node: Node::new(NodeSettings::new(&cfg), cluster.clone(), listeners),
-            sessions: Sessions::new(
-                stores.sessions,
-                cfg.bind_auth.clone(),
-                router.clone(),
-                cluster.clone(),
-                stores.inbox.clone(),
-            ),
-            upstream: Upstream::new(sinks.clone(), &s.limits, &node_id),
-            push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
-            broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
-            proto: Arc::new(protocol_config(&cfg)),
+        let node = Arc::new(Node::new(
+            NodeSettings::new(&cfg),
+            cluster.clone(),
+            listeners,
+        ));
+        let delivery = Arc::new(DeliveryService {
+            settings: s.delivery.clone(),
+            node: node.clone(),
+            router: router.clone(),
+            cluster: cluster.clone(),
+            inbox: stores.inbox.clone(),
+            topics: stores.topics,
+            idempotency: stores.idempotency,
             tracer: Tracer::new(
                 stores.traces.clone(),
                 node_id.as_str().into(),
@@ -185,13 +179,24 @@ impl Hub {
                     Duration::from_secs(s.sinks.callback_window_secs),
                 )),
             ),
-            router,
-            cluster,
-            inbox: stores.inbox,
-            topics: stores.topics,
-            idempotency: stores.idempotency,
+            push_limiter: flow::RateLimiter::new(s.delivery.push_rate),
+            broadcast_limiter: flow::RateLimiter::new(s.delivery.broadcast_rate),
             next_message: AtomicU64::new(first_id),
-            cfg,
+        });
+        let hub = Arc::new(Self {
+            sessions: Sessions::new(
+                stores.sessions,
+                cfg.bind_auth.clone(),
+                router,
+                cluster.clone(),
+                stores.inbox,
+            ),
+            upstream: Upstream::new(sinks, &s.limits, &node_id),
+            proto: Arc::new(protocol_config(&cfg)),
+            route_refresh: Duration::from_secs(s.cluster.route_refresh_secs),
+            cluster,
+            node,
+            delivery,
         });
         hub.spawn_background();
         hub
@@ -223,7 +228,7 @@ impl Hub {
         let weak: std::sync::Weak<dyn Delivery> = Arc::downgrade(self) as _;
         cl.spawn_loops(weak);
         let me = Arc::downgrade(self);
-        let every = Duration::from_secs(self.cfg.settings.cluster.route_refresh_secs);
+        let every = self.route_refresh;
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -231,7 +236,7 @@ impl Hub {
                 if hub.node.is_draining() {
                     return;
                 }
-                let failed = hub.router.refresh().await;
+                let failed = hub.delivery.router.refresh().await;
                 if failed > 0 {
                     tracing::warn!(failed, "route refresh failed for some users");
                 }
@@ -243,17 +248,13 @@ impl Hub {
     pub fn update_gauges(&self) {
         metrics::gauge!("mpush_connections").set(self.node.connections() as f64);
         metrics::gauge!("mpush_bound_connections").set(self.bound() as f64);
-        metrics::gauge!("mpush_trace_queue_depth").set(self.tracer.queued() as f64);
-        if let Some(n) = self.inbox.total_hint() {
+        metrics::gauge!("mpush_trace_queue_depth").set(self.delivery.tracer.queued() as f64);
+        if let Some(n) = self.delivery.inbox.total_hint() {
             metrics::gauge!("mpush_inbox_messages").set(n as f64);
         }
         for (sink, n) in self.upstream.sinks().depths() {
             metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
         }
-    }
-
-    pub fn cfg(&self) -> &Arc<Validated> {
-        &self.cfg
     }
 
     pub fn proto(&self) -> &Arc<ServerConfig> {
@@ -279,26 +280,14 @@ impl Hub {
         &self.upstream
     }
 
-    pub fn inbox(&self) -> &Arc<dyn InboxStore> {
-        &self.inbox
-    }
-
-    pub fn tracer(&self) -> &Tracer {
-        &self.tracer
-    }
-
-    /// Topic subscriptions (the API's verbs).
-    pub fn topics(&self) -> &Arc<dyn TopicStore> {
-        &self.topics
-    }
-
-    pub fn next_message_id(&self) -> u64 {
-        self.next_message.fetch_add(1, Ordering::Relaxed)
+    /// Pushes, their outcomes, traces, the inbox and topics.
+    pub fn delivery(&self) -> &Arc<DeliveryService> {
+        &self.delivery
     }
 
     /// Bound connections on this node.
     pub fn bound(&self) -> usize {
-        self.router.local().len()
+        self.delivery.router.local().len()
     }
 
     /// The start of a drain: this node leaves the cluster and removes its
@@ -309,7 +298,7 @@ impl Hub {
         let mut redirect = None;
         if let Some(cl) = &self.cluster {
             cl.deregister().await;
-            self.router.withdraw().await;
+            self.delivery.router.withdraw().await;
             redirect = cl
                 .live_nodes()
                 .await
@@ -346,7 +335,7 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
 #[async_trait]
 impl Delivery for Hub {
     async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32> {
-        self.deliver_forwarded(batch)
+        self.delivery.deliver_forwarded(batch)
     }
 
     async fn broadcast(&self, msg: BroadcastMsg) {
@@ -365,13 +354,18 @@ impl Delivery for Hub {
             let ack = spec.ack_mode != AckMode::None;
             let trace: Arc<str> = msg.trace_id.as_str().into();
             // Full: counted; the broadcast still goes out.
-            let _ = self.tracer.callbacks().watch(&trace, target, ack, true);
+            let _ = self
+                .delivery
+                .tracer
+                .callbacks()
+                .watch(&trace, target, ack, true);
         }
         let Ok(filter) = filter::Filter::new(msg.tags, msg.condition.as_deref(), spec.client_type)
         else {
             return;
         };
-        self.broadcast_here(msg.trace_id.into(), msg.message_id, &spec, Arc::new(filter))
+        self.delivery
+            .broadcast_here(msg.trace_id.into(), msg.message_id, &spec, Arc::new(filter))
             .await;
     }
 
@@ -380,7 +374,9 @@ impl Delivery for Hub {
     }
 
     async fn kept(&self, msg: crate::cluster::KeptMsg) {
-        self.deliver_kept(msg).await;
+        if !self.delivery.deliver_kept(msg).await {
+            self.recover().await;
+        }
     }
 
     async fn redis_back(&self) {

@@ -54,7 +54,7 @@ impl Hub {
                 registered = cl.register(self.node.connections(), true).await.is_some();
             }
             if failed > 0 {
-                failed = self.router.refresh().await;
+                failed = self.delivery.router.refresh().await;
             }
             if registered && failed == 0 {
                 break;
@@ -87,7 +87,7 @@ impl Hub {
         let mut users = None;
         let mut wait = Duration::from_millis(100);
         while !self.node.is_draining() {
-            let failed = self.sweep_kept(users.take()).await;
+            let failed = self.delivery.sweep_kept(users.take()).await;
             if failed.is_empty() {
                 return;
             }

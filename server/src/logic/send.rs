@@ -13,7 +13,7 @@ use mpush_protocol::session::AckMode;
 use serde::{Deserialize, Serialize};
 
 use super::filter::Filter;
-use super::{Hub, MessageSpec, UserOutcome, UserStatus};
+use super::{DeliveryService, MessageSpec, UserOutcome, UserStatus};
 use crate::store::Claim;
 
 /// Who a push goes to.
@@ -146,7 +146,7 @@ fn fingerprint(r: &SendRequest) -> String {
     hex::encode(sha2::Sha256::digest(&json))
 }
 
-impl Hub {
+impl DeliveryService {
     /// Sends `req` (see the module). `Ok` says what happened to each
     /// recipient; `Err` means nothing was sent.
     pub async fn send(self: &Arc<Self>, mut req: SendRequest) -> Result<SendAnswer, SendError> {
@@ -157,7 +157,7 @@ impl Hub {
         let filter = match &req.audience {
             Audience::Broadcast { tags, condition } => Some(Arc::new(
                 Filter::new(tags.clone(), condition.as_deref(), req.spec.client_type)
-                    .map_err(SendError::Invalid)?,
+                    .map_err(|e| SendError::Invalid(e.to_string()))?,
             )),
             _ => None,
         };
@@ -299,8 +299,7 @@ impl Hub {
             Audience::Broadcast { tags, condition } => {
                 let filter = filter.ok_or_else(|| SendError::Invalid("no filter".into()))?;
                 self.start_broadcast(trace_id.clone(), spec, tags, condition, filter)
-                    .await
-                    .map_err(SendError::Unavailable)?;
+                    .await?;
                 Ok(Sent::Broadcast {
                     trace_id: trace_id.to_string(),
                 })
@@ -357,7 +356,7 @@ mod tests {
 
     use super::*;
     use crate::config::Settings;
-    use crate::logic::{Listeners, Stores};
+    use crate::logic::{Hub, Listeners, Stores};
     use crate::store::{
         IdempotencyStore, MemoryIdempotency, MemoryInbox, MemorySessions, MemoryTopics,
         MemoryTraces, StoreError,
@@ -457,16 +456,16 @@ mod tests {
     #[tokio::test]
     async fn an_answer_the_store_did_not_take_is_kept_again_and_nothing_is_sent_twice() {
         let hub = hub(2);
-        let first = hub.send(request(60)).await.expect("sent");
+        let first = hub.delivery().send(request(60)).await.expect("sent");
         assert!(!first.replayed);
-        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1);
+        assert_eq!(hub.delivery().inbox.len("u1").await.expect("len"), 1);
         assert!(matches!(
-            hub.send(request(60)).await,
+            hub.delivery().send(request(60)).await,
             Err(SendError::InProgress)
         ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let again = loop {
-            match hub.send(request(60)).await {
+            match hub.delivery().send(request(60)).await {
                 Ok(a) => break a,
                 Err(SendError::InProgress) => {
                     assert!(tokio::time::Instant::now() < deadline, "never settled");
@@ -477,7 +476,11 @@ mod tests {
         };
         assert!(again.replayed);
         assert_eq!(again.sent, first.sent);
-        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1, "kept once");
+        assert_eq!(
+            hub.delivery().inbox.len("u1").await.expect("len"),
+            1,
+            "kept once"
+        );
     }
 
     /// A request that did nothing frees its key even when the store would
@@ -486,11 +489,11 @@ mod tests {
     async fn a_key_whose_request_did_nothing_is_freed_again() {
         let hub = hub(1);
         // Offline without a TTL: nothing happens (404).
-        let first = hub.send(request(0)).await.expect("answered");
+        let first = hub.delivery().send(request(0)).await.expect("answered");
         assert!(!first.sent.happened());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
-            match hub.send(request(0)).await {
+            match hub.delivery().send(request(0)).await {
                 Ok(a) => {
                     assert!(!a.replayed, "a request that did nothing is not replayed");
                     break;
@@ -511,13 +514,17 @@ mod tests {
     async fn a_claim_whose_reply_was_lost_is_freed_by_its_owner() {
         let hub = hub_losing(0, 1);
         assert!(matches!(
-            hub.send(request(60)).await,
+            hub.delivery().send(request(60)).await,
             Err(SendError::Unavailable(_))
         ));
-        assert_eq!(hub.inbox.len("u1").await.expect("len"), 0, "nothing sent");
+        assert_eq!(
+            hub.delivery().inbox.len("u1").await.expect("len"),
+            0,
+            "nothing sent"
+        );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let sent = loop {
-            match hub.send(request(60)).await {
+            match hub.delivery().send(request(60)).await {
                 Ok(a) => break a,
                 Err(SendError::InProgress) => {
                     assert!(tokio::time::Instant::now() < deadline, "never freed");
@@ -527,9 +534,13 @@ mod tests {
             }
         };
         assert!(!sent.replayed);
-        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1, "sent once");
-        let again = hub.send(request(60)).await.expect("replayed");
+        assert_eq!(
+            hub.delivery().inbox.len("u1").await.expect("len"),
+            1,
+            "sent once"
+        );
+        let again = hub.delivery().send(request(60)).await.expect("replayed");
         assert!(again.replayed);
-        assert_eq!(hub.inbox.len("u1").await.expect("len"), 1);
+        assert_eq!(hub.delivery().inbox.len("u1").await.expect("len"), 1);
     }
 }
