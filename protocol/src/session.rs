@@ -1,6 +1,8 @@
 //! Types both machines share: the profile, device facts, what a server stores to
 //! resume a session, the client's resume ticket, and the ACK modes.
 
+use serde::{Deserialize, Serialize};
+
 use crate::crypto::{AesKey, ResumeKey};
 
 /// Which protocol profile a connection speaks.
@@ -145,19 +147,91 @@ impl DeviceInfo {
         Ok(())
     }
 
-    /// mpush's client type from the OS name: 1 mobile, 2 pc, 3 web, -1 unknown.
-    pub fn client_type(&self) -> i32 {
-        let os = self.os_name.to_lowercase();
+    /// mpush's client type, from the OS name.
+    pub fn client_type(&self) -> ClientType {
+        ClientType::from_os_name(&self.os_name)
+    }
+}
+
+/// mpush's client types: one connection per user per type (a second login
+/// of the same type replaces the first). On the wire, in Redis and in JSON
+/// it is mpush's integer (`code`): 1 mobile, 2 pc, 3 web, -1 unknown.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(into = "i32", try_from = "i32")]
+pub enum ClientType {
+    #[default]
+    Unknown,
+    Mobile,
+    Pc,
+    Web,
+}
+
+impl ClientType {
+    /// mpush's integer.
+    pub const fn code(self) -> i32 {
+        match self {
+            Self::Unknown => -1,
+            Self::Mobile => 1,
+            Self::Pc => 2,
+            Self::Web => 3,
+        }
+    }
+
+    /// From mpush's integer; `None` for one it does not define.
+    pub const fn from_code(code: i32) -> Option<Self> {
+        match code {
+            -1 => Some(Self::Unknown),
+            1 => Some(Self::Mobile),
+            2 => Some(Self::Pc),
+            3 => Some(Self::Web),
+            _ => None,
+        }
+    }
+
+    /// mpush's rule: the OS name says which (case-insensitive words).
+    pub fn from_os_name(os_name: &str) -> Self {
+        let os = os_name.to_lowercase();
         let has = |words: &[&str]| words.iter().any(|w| os.contains(w));
         if has(&["android", "ios"]) {
-            1
+            Self::Mobile
         } else if has(&["windows", "mac", "linux"]) {
-            2
+            Self::Pc
         } else if has(&["web", "h5"]) {
-            3
+            Self::Web
         } else {
-            -1
+            Self::Unknown
         }
+    }
+
+    /// The API's name for it (`mobile`, `pc`, `web`, `unknown`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Mobile => "mobile",
+            Self::Pc => "pc",
+            Self::Web => "web",
+        }
+    }
+}
+
+impl From<ClientType> for i32 {
+    fn from(t: ClientType) -> Self {
+        t.code()
+    }
+}
+
+/// An integer mpush does not define as a client type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("client type {0}: 1 (mobile), 2 (pc), 3 (web) or -1 (unknown)")]
+pub struct UnknownClientType(pub i32);
+
+impl TryFrom<i32> for ClientType {
+    type Error = UnknownClientType;
+
+    fn try_from(code: i32) -> Result<Self, Self::Error> {
+        Self::from_code(code).ok_or(UnknownClientType(code))
     }
 }
 
@@ -443,7 +517,26 @@ mod tests {
         };
         assert_eq!(
             (t("Android"), t("iOS"), t("Mac OS X"), t("web"), t("tv")),
-            (1, 1, 2, 3, -1)
+            (
+                ClientType::Mobile,
+                ClientType::Mobile,
+                ClientType::Pc,
+                ClientType::Web,
+                ClientType::Unknown
+            )
         );
+        for t in [
+            ClientType::Unknown,
+            ClientType::Mobile,
+            ClientType::Pc,
+            ClientType::Web,
+        ] {
+            assert_eq!(ClientType::from_code(t.code()), Some(t));
+            let json = serde_json::to_string(&t).expect("json");
+            assert_eq!(json, t.code().to_string());
+            assert_eq!(serde_json::from_str::<ClientType>(&json).ok(), Some(t));
+        }
+        assert_eq!(ClientType::from_code(0), None);
+        assert!(serde_json::from_str::<ClientType>("7").is_err());
     }
 }

@@ -12,6 +12,7 @@
 
 use hmac::{KeyInit, Mac};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use mpush_protocol::session::ClientType;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::unix_ms;
@@ -196,7 +197,12 @@ impl BindAuth {
     }
 
     /// Checks `token` for binding `user_id` from a client of `client_type`.
-    pub fn check(&self, user_id: &str, client_type: i32, token: &str) -> Result<Grant, TokenError> {
+    pub fn check(
+        &self,
+        user_id: &str,
+        client_type: ClientType,
+        token: &str,
+    ) -> Result<Grant, TokenError> {
         if self.is_anonymous() {
             return Ok(Grant::default());
         }
@@ -212,7 +218,8 @@ impl BindAuth {
                 if c.sub != user_id {
                     return Err(TokenError::OtherUser);
                 }
-                if c.client_type.is_some_and(|ct| ct != client_type) {
+                // The claim is mpush's integer (any other value matches none).
+                if c.client_type.is_some_and(|ct| ct != client_type.code()) {
                     return Err(TokenError::OtherClientType);
                 }
                 self.check_lifetime(i64::try_from(c.exp).unwrap_or(i64::MAX))?;
@@ -326,12 +333,15 @@ mod tests {
         let a = auth(|s| s.bind_secret = "s3cret".into());
         let exp = unix_ms() / 1000 + 60;
         let t = sign_bind_token("s3cret", "u1", exp);
-        assert!(a.check("u1", 1, &t).is_ok());
-        assert!(a.check("u2", 1, &t).is_err());
-        assert!(a.check("u1", 1, "").is_err());
+        assert!(a.check("u1", ClientType::Mobile, &t).is_ok());
+        assert!(a.check("u2", ClientType::Mobile, &t).is_err());
+        assert!(a.check("u1", ClientType::Mobile, "").is_err());
         let old = sign_bind_token("s3cret", "u1", 1000);
-        assert!(a.check("u1", 1, &old).is_err());
-        assert!(auth(|_| {}).check("u1", 1, "").is_ok(), "anonymous");
+        assert!(a.check("u1", ClientType::Mobile, &old).is_err());
+        assert!(
+            auth(|_| {}).check("u1", ClientType::Mobile, "").is_ok(),
+            "anonymous"
+        );
     }
 
     #[test]
@@ -341,16 +351,25 @@ mod tests {
         let key = MintKey::Secret(secret.into());
         let t = mint_jwt(&key, "ann", 60, Some(1), Some("vip".into())).expect("minted");
         assert_eq!(
-            a.check("ann", 1, &t),
+            a.check("ann", ClientType::Mobile, &t),
             Ok(Grant {
                 tags: Some("vip".into())
             })
         );
-        assert!(a.check("bob", 1, &t).is_err(), "another user");
-        assert!(a.check("ann", 3, &t).is_err(), "another client type");
+        assert!(
+            a.check("bob", ClientType::Mobile, &t).is_err(),
+            "another user"
+        );
+        assert!(
+            a.check("ann", ClientType::Web, &t).is_err(),
+            "another client type"
+        );
         let other = MintKey::Secret("another-secret-another-secret-xx".into());
         let forged = mint_jwt(&other, "ann", 60, None, None).expect("minted");
-        assert!(a.check("ann", 1, &forged).is_err(), "wrong key");
+        assert!(
+            a.check("ann", ClientType::Mobile, &forged).is_err(),
+            "wrong key"
+        );
         // Expired beyond the leeway.
         let claims = Claims {
             sub: "ann".into(),
@@ -364,14 +383,20 @@ mod tests {
             &EncodingKey::from_secret(secret.as_bytes()).expect("key"),
         )
         .expect("encoded");
-        assert!(a.check("ann", 1, &expired).is_err(), "expired");
+        assert!(
+            a.check("ann", ClientType::Mobile, &expired).is_err(),
+            "expired"
+        );
         // alg=none and a token signed for another algorithm are refused.
         let none = format!(
             "{}.{}.",
             base64_url(r#"{"alg":"none","typ":"JWT"}"#),
             base64_url(&format!(r#"{{"sub":"ann","exp":{}}}"#, claims.exp + 1000))
         );
-        assert!(a.check("ann", 1, &none).is_err(), "alg none");
+        assert!(
+            a.check("ann", ClientType::Mobile, &none).is_err(),
+            "alg none"
+        );
     }
 
     #[test]
@@ -383,9 +408,11 @@ mod tests {
         });
         let key = MintKey::Secret(secret.into());
         let hour = mint_jwt(&key, "ann", 3600, None, None).expect("minted");
-        assert!(a.check("ann", 1, &hour).is_ok());
+        assert!(a.check("ann", ClientType::Mobile, &hour).is_ok());
         let year = mint_jwt(&key, "ann", 365 * 86_400, None, None).expect("minted");
-        let e = a.check("ann", 1, &year).expect_err("too long-lived");
+        let e = a
+            .check("ann", ClientType::Mobile, &year)
+            .expect_err("too long-lived");
         assert!(matches!(e, TokenError::LivesTooLong(_)), "{e}");
         assert!(
             e.to_string().contains("max_bind_token_lifetime_secs"),
@@ -397,19 +424,27 @@ mod tests {
         });
         let now = unix_ms() / 1000;
         assert!(
-            h.check("u1", 1, &sign_bind_token("s3cret", "u1", now + 60))
-                .is_ok()
+            h.check(
+                "u1",
+                ClientType::Mobile,
+                &sign_bind_token("s3cret", "u1", now + 60)
+            )
+            .is_ok()
         );
         assert!(
-            h.check("u1", 1, &sign_bind_token("s3cret", "u1", now + 86_400))
-                .is_err()
+            h.check(
+                "u1",
+                ClientType::Mobile,
+                &sign_bind_token("s3cret", "u1", now + 86_400)
+            )
+            .is_err()
         );
         // Off by default.
         let open = auth(|s| s.jwt_secret = secret.into());
-        assert!(open.check("ann", 1, &year).is_ok());
+        assert!(open.check("ann", ClientType::Mobile, &year).is_ok());
         // A token longer than any real one is not parsed.
         let e = a
-            .check("ann", 1, &"x.y.".repeat(4000))
+            .check("ann", ClientType::Mobile, &"x.y.".repeat(4000))
             .expect_err("too long");
         assert_eq!(e, TokenError::TooLong);
         assert!(e.to_string().contains("longer than"), "{e}");

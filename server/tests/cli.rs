@@ -1,5 +1,6 @@
 //! `mpush-server keygen`, `token`, `config check`, `config print` and `--log-format json`, as an operator runs them.
 
+use mpush_protocol::session::ClientType;
 use std::process::Command;
 
 use mpush_protocol::crypto::{RsaPrivate, RsaPublic};
@@ -80,12 +81,18 @@ fn keygen_writes_a_key_pair_and_token_mints_what_the_server_accepts() {
         ..Default::default()
     })
     .expect("auth");
-    assert!(auth.check("alice", 1, token.trim()).is_ok());
     assert!(
-        auth.check("alice", 3, token.trim()).is_err(),
+        auth.check("alice", ClientType::Mobile, token.trim())
+            .is_ok()
+    );
+    assert!(
+        auth.check("alice", ClientType::Web, token.trim()).is_err(),
         "client type bound"
     );
-    assert!(auth.check("mallory", 1, token.trim()).is_err());
+    assert!(
+        auth.check("mallory", ClientType::Mobile, token.trim())
+            .is_err()
+    );
 
     // RS256 with the generated key; the server verifies with the public half.
     let (ok, token, stderr) = out(bin().args(["token", "--user", "bob", "--key"]).arg(&key));
@@ -96,8 +103,11 @@ fn keygen_writes_a_key_pair_and_token_mints_what_the_server_accepts() {
         ..Default::default()
     })
     .expect("auth");
-    assert!(auth.check("bob", 1, token.trim()).is_ok());
-    assert!(auth.check("alice", 1, token.trim()).is_err());
+    assert!(auth.check("bob", ClientType::Mobile, token.trim()).is_ok());
+    assert!(
+        auth.check("alice", ClientType::Mobile, token.trim())
+            .is_err()
+    );
 
     // Without a key it says what to set.
     let (ok, _, stderr) = out(bin().args(["token", "--user", "x"]));

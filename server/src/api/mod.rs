@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use bytes::Bytes;
 use metrics_exporter_prometheus::PrometheusHandle;
-use mpush_protocol::session::AckMode;
+use mpush_protocol::session::{AckMode, ClientType};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -371,20 +371,21 @@ pub fn parse_ack_mode(s: Option<&str>) -> Result<AckMode, ApiError> {
 }
 
 /// 1/"mobile", 2/"pc", 3/"web" (mpush's client types).
-fn parse_client_type(v: Option<&Value>) -> Result<Option<i32>, ApiError> {
+fn parse_client_type(v: Option<&Value>) -> Result<Option<ClientType>, ApiError> {
     let bad = || ApiError::bad_request("clientType is 1 (mobile), 2 (pc), 3 (web) or their names");
+    let known = [ClientType::Mobile, ClientType::Pc, ClientType::Web];
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(x @ 1..=3) => Ok(Some(x as i32)),
-            _ => Err(bad()),
-        },
-        Some(Value::String(s)) => match s.as_str() {
-            "mobile" | "1" => Ok(Some(1)),
-            "pc" | "2" => Ok(Some(2)),
-            "web" | "3" => Ok(Some(3)),
-            _ => Err(bad()),
-        },
+        Some(Value::Number(n)) => known
+            .into_iter()
+            .find(|t| n.as_i64() == Some(i64::from(t.code())))
+            .map(Some)
+            .ok_or_else(bad),
+        Some(Value::String(s)) => known
+            .into_iter()
+            .find(|t| s == t.name() || *s == t.code().to_string())
+            .map(Some)
+            .ok_or_else(bad),
         Some(_) => Err(bad()),
     }
 }

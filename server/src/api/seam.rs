@@ -4,6 +4,7 @@
 //! service in `api/tests.rs` (no socket, no store), and over the logic
 //! layer's `Hub` in the server.
 
+use mpush_protocol::session::ClientType;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -26,7 +27,7 @@ pub trait Service: Send + Sync + 'static {
     async fn trace(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError>;
     async fn user(&self, user: &str) -> Result<UserView, StoreError>;
     /// Kicks a user's connections (of one client type); how many were told.
-    async fn kick(&self, user: &str, client_type: Option<i32>) -> Result<usize, RouteError>;
+    async fn kick(&self, user: &str, client_type: Option<ClientType>) -> Result<usize, RouteError>;
     /// True when the subscription is new.
     async fn subscribe(&self, topic: &str, user: &str) -> Result<bool, TopicFull>;
     /// True when there was one.
@@ -109,7 +110,7 @@ impl Service for HubService {
         self.0.sessions().user(user).await
     }
 
-    async fn kick(&self, user: &str, client_type: Option<i32>) -> Result<usize, RouteError> {
+    async fn kick(&self, user: &str, client_type: Option<ClientType>) -> Result<usize, RouteError> {
         self.0.sessions().kick_user(user, client_type).await
     }
 

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
+use mpush_protocol::session::ClientType;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -78,7 +79,7 @@ impl Service for Fake {
         })
     }
 
-    async fn kick(&self, _: &str, _: Option<i32>) -> Result<usize, RouteError> {
+    async fn kick(&self, _: &str, _: Option<ClientType>) -> Result<usize, RouteError> {
         Ok(self.kicked)
     }
 

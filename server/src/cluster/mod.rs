@@ -73,6 +73,8 @@ pub struct BroadcastMsg {
     #[serde(with = "base64_bytes")]
     pub content: Vec<u8>,
     pub ack_mode: i32,
+    /// mpush's integer, as every node of every version reads it
+    /// (`ClientType::code`); converted where the message is read.
     pub client_type: Option<i32>,
     #[serde(default)]
     pub tags: Vec<String>,
@@ -90,6 +92,7 @@ pub struct BroadcastMsg {
 #[serde(rename_all = "camelCase")]
 pub struct KickMsg {
     pub user_id: String,
+    /// mpush's integer (`ClientType::code`); 0: any client type.
     pub client_type: i32,
     /// 0: every connection of the user (and client type, when not 0).
     #[serde(with = "crate::json_u64")]

@@ -458,7 +458,6 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             profile,
             T::KIND,
             unix_ms(),
-            no_tags(),
         )));
     }
 
@@ -530,12 +529,6 @@ fn close_reason(r: &CloseReason) -> String {
         CloseReason::Refused(why) => format!("refused: {why}"),
         other => format!("{other:?}"),
     }
-}
-
-/// The empty tag set, shared (no allocation per connection).
-fn no_tags() -> Arc<str> {
-    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-    EMPTY.clone()
 }
 
 async fn sleep_opt(at: Option<tokio::time::Instant>) {

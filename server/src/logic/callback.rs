@@ -10,6 +10,7 @@
 //! recipient (an inbox copy ACKed after a TIMEOUT, on reconnect) is reported
 //! again when it happens within the window on a node that watches the push.
 
+use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,7 +82,7 @@ struct DeliveryEvent<'a> {
     trace_id: &'a str,
     user_id: &'a str,
     device_id: &'a str,
-    client_type: i32,
+    client_type: ClientType,
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<&'a str>,
@@ -171,7 +172,7 @@ impl Callbacks {
         trace_id: &Arc<str>,
         user_id: &str,
         device_id: &str,
-        client_type: i32,
+        client_type: ClientType,
         state: TraceState,
         detail: Option<&Cow<'static, str>>,
     ) {

@@ -5,6 +5,7 @@
 //! back from its machine (written, acknowledged, timed out, closed) to the
 //! `settle` here (one `Outcome`), which owns the trace and the inbox.
 
+use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use crate::store::{
 pub struct MessageSpec {
     pub content: Bytes,
     pub ack_mode: AckMode,
-    pub client_type: Option<i32>,
+    pub client_type: Option<ClientType>,
     /// Keep for offline users this long; 0 = only online devices get it
     /// (with an ACK mode, un-ACKed copies are kept `delivery.session_ttl_secs`).
     pub ttl_secs: u64,
@@ -315,7 +316,7 @@ impl DeliveryService {
                         trace_id,
                         user,
                         &NO_DEVICE,
-                        spec.client_type.unwrap_or(-1),
+                        spec.client_type.unwrap_or_default(),
                         TraceState::Offline,
                         Some(
                             format!(
@@ -501,7 +502,7 @@ impl DeliveryService {
             trace_id,
             user,
             &NO_DEVICE,
-            spec.client_type.unwrap_or(-1),
+            spec.client_type.unwrap_or_default(),
             state,
             Some(detail.into()),
         );
@@ -561,7 +562,7 @@ impl DeliveryService {
                 .iter()
                 .map(|(i, r)| v2::NodeRecipient {
                     user_id: users[*i].to_string(),
-                    client_type: r.client_type,
+                    client_type: r.client_type.code(),
                 })
                 .collect(),
             message_id: push.message_id,
@@ -655,7 +656,9 @@ impl DeliveryService {
                 let user: Arc<str> = r.user_id.as_str().into();
                 let mut n = 0;
                 for h in self.router.local().lookup(&user) {
-                    if (r.client_type == 0 || r.client_type == h.info.client_type)
+                    // 0 (or a type this node does not know): any device.
+                    let only = ClientType::from_code(r.client_type);
+                    if only.is_none_or(|ct| ct == h.info.client_type)
                         && self.hand_over(&h, &user, &push, false)
                     {
                         n += 1;
@@ -715,7 +718,7 @@ impl DeliveryService {
                 trace_id: trace_id.to_string(),
                 content: spec.content.to_vec(),
                 ack_mode: spec.ack_mode.to_v2(),
-                client_type: spec.client_type,
+                client_type: spec.client_type.map(ClientType::code),
                 tags,
                 condition,
                 message_id,

@@ -4,6 +4,7 @@
 //! once per broadcast, evaluated per connection within a fixed budget).
 
 use mpush_filter::{Condition, EvalError, Fields, Resource};
+use mpush_protocol::session::ClientType;
 
 use crate::route::ConnHandle;
 
@@ -16,7 +17,7 @@ pub const MAX_FILTER_TAG_LEN: usize = 128;
 pub struct Filter {
     pub tags: Vec<String>,
     pub condition: Option<Condition>,
-    pub client_type: Option<i32>,
+    pub client_type: Option<ClientType>,
 }
 
 /// What evaluating a broadcast's condition came to, over its connections.
@@ -79,7 +80,7 @@ impl Filter {
     pub fn new(
         tags: Vec<String>,
         condition: Option<&str>,
-        client_type: Option<i32>,
+        client_type: Option<ClientType>,
     ) -> Result<Self, FilterError> {
         if tags.len() > MAX_FILTER_TAGS {
             return Err(FilterError::TooManyTags(tags.len()));
@@ -112,7 +113,7 @@ impl Filter {
             return true;
         }
         let tags = info.tags.read().clone();
-        if !self.tags.is_empty() && !self.tags.iter().any(|t| tags.contains(t.as_str())) {
+        if !self.tags.is_empty() && !tags.match_any(&self.tags) {
             return false;
         }
         let Some(cond) = &self.condition else {
@@ -121,7 +122,7 @@ impl Filter {
         stats.evaluated += 1;
         let fields = Fields {
             user_id,
-            tags: &tags,
+            tags: tags.as_str(),
             client_version: info.client_version(),
             os_name: info.os_name(),
             os_version: info.os_version(),

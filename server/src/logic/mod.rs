@@ -25,7 +25,7 @@ use bytes::Bytes;
 use mpush_protocol::ack::RetryPolicy;
 use mpush_protocol::message::v2;
 use mpush_protocol::server::ServerConfig;
-use mpush_protocol::session::AckMode;
+use mpush_protocol::session::{AckMode, ClientType};
 
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg};
@@ -342,7 +342,7 @@ impl Delivery for Hub {
         let spec = MessageSpec {
             content: Bytes::from(msg.content),
             ack_mode: AckMode::from_v2(msg.ack_mode),
-            client_type: msg.client_type,
+            client_type: msg.client_type.and_then(ClientType::from_code),
             ttl_secs: 0,
             ack_timeout: None,
             callback: msg

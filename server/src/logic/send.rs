@@ -5,6 +5,7 @@
 //! 0007). The API only turns requests into a [`SendRequest`] and a
 //! [`Sent`] into its own format.
 
+use mpush_protocol::session::ClientType;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +108,7 @@ struct Fingerprint<'a> {
     audience: AudienceFp<'a>,
     content: &'a [u8],
     ack: u8,
-    client_type: Option<i32>,
+    client_type: Option<ClientType>,
     ttl: u64,
     timeout_ms: Option<u128>,
     callback: Option<String>,

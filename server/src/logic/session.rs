@@ -1,6 +1,7 @@
 //! Sessions (fast connect), bind and auth, unbind, kicks, and who is online:
 //! what a connection asks of the logic layer, and what the API asks about users.
 
+use mpush_protocol::session::ClientType;
 use std::sync::Arc;
 
 use mpush_protocol::session::SessionRecord;
@@ -9,7 +10,7 @@ use serde::Serialize;
 use crate::auth::{BindAuth, TokenError};
 use crate::cluster::{Cluster, KickMsg};
 use crate::route::{
-    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Router, Target, Transport,
+    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Router, Tags, Target, Transport,
 };
 use crate::store::{InboxStore, SessionStore, StoreError};
 
@@ -18,7 +19,7 @@ use crate::store::{InboxStore, SessionStore, StoreError};
 #[serde(rename_all = "camelCase")]
 pub struct DeviceView {
     pub device_id: String,
-    pub client_type: i32,
+    pub client_type: ClientType,
     pub node: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub os_name: Option<String>,
@@ -127,7 +128,7 @@ impl Sessions {
         if let Some(prev) = previous.filter(|p| &***p != user_id) {
             self.router.unbind(prev, info.client_type, info.id).await;
         }
-        *info.tags.write() = grant.tags.unwrap_or(tags).into();
+        *info.tags.write() = Tags::new(&grant.tags.unwrap_or(tags));
         let user: Arc<str> = user_id.into();
         let handle = ConnHandle {
             info: info.clone(),
@@ -146,7 +147,7 @@ impl Sessions {
                 if let Some(cl) = &self.cluster {
                     let kick = KickMsg {
                         user_id: user_id.to_owned(),
-                        client_type: old.client_type,
+                        client_type: old.client_type.code(),
                         conn_id: old.conn_id,
                         close: false,
                     };
@@ -170,7 +171,7 @@ impl Sessions {
     pub async fn kick_user(
         &self,
         user: &str,
-        client_type: Option<i32>,
+        client_type: Option<ClientType>,
     ) -> Result<usize, RouteError> {
         let targets = self.router.resolve(user, client_type).await?;
         let mut n = 0;
@@ -185,7 +186,7 @@ impl Sessions {
                     let Some(cl) = &self.cluster else { continue };
                     let kick = KickMsg {
                         user_id: user.to_owned(),
-                        client_type: r.client_type,
+                        client_type: r.client_type.code(),
                         conn_id: r.conn_id,
                         close: true,
                     };
@@ -201,8 +202,9 @@ impl Sessions {
     /// A kick another node published for one of this node's connections.
     pub(super) fn kick_here(&self, k: &KickMsg) {
         for h in self.router.local().lookup(&k.user_id) {
+            // 0 on the wire: any client type.
             if (k.conn_id != 0 && h.info.id != k.conn_id)
-                || (k.client_type != 0 && h.info.client_type != k.client_type)
+                || (k.client_type != 0 && h.info.client_type.code() != k.client_type)
             {
                 continue;
             }
@@ -242,7 +244,7 @@ impl Sessions {
                         profile: Some(format!("{:?}", i.profile).to_lowercase()),
                         transport: Some(i.transport),
                         connected_at_ms: Some(i.connected_at_ms),
-                        tags: Some(i.tags.read().to_string()),
+                        tags: Some(i.tags.read().as_str().to_owned()),
                     }
                 }
                 Target::Remote(r) => DeviceView {

@@ -4,6 +4,7 @@
 //! per batch). A broadcast's events are folded into per-node counts plus its
 //! failures by device, never one record per recipient.
 
+use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -138,7 +139,7 @@ impl Tracer {
         trace_id: &Arc<str>,
         user_id: &Arc<str>,
         device_id: &Arc<str>,
-        client_type: i32,
+        client_type: ClientType,
         state: TraceState,
         detail: Option<Cow<'static, str>>,
     ) {

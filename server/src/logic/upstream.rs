@@ -3,6 +3,7 @@
 //! and connection lifecycle events (bound, unbound, kicked, disconnected),
 //! off unless a sink takes them.
 
+use mpush_protocol::session::ClientType;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,7 +131,7 @@ struct UpPushEvent<'a> {
     id: &'a str,
     user_id: &'a str,
     device_id: &'a str,
-    client_type: i32,
+    client_type: ClientType,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -147,7 +148,7 @@ struct LifecycleEvent<'a> {
     id: String,
     user_id: &'a str,
     device_id: &'a str,
-    client_type: i32,
+    client_type: ClientType,
     transport: Transport,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,

@@ -11,7 +11,9 @@
 pub mod local;
 pub mod queue;
 pub mod table;
+pub mod tags;
 
+use mpush_protocol::session::ClientType;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -22,6 +24,7 @@ use parking_lot::RwLock;
 pub use local::Connections;
 pub use queue::{ConnQueue, SendError};
 pub use table::RedisRoutes;
+pub use tags::Tags;
 
 /// What other tasks can ask of a connection.
 #[derive(Debug)]
@@ -71,12 +74,12 @@ pub struct ConnInfo {
     pub device_id: Arc<str>,
     /// OS name, OS version and client version, joined by `\0`.
     about: Box<str>,
-    pub client_type: i32,
+    pub client_type: ClientType,
     pub profile: Profile,
     pub transport: Transport,
     pub connected_at_ms: i64,
     /// Shared, not copied, by each broadcast's filter.
-    pub tags: RwLock<Arc<str>>,
+    pub tags: RwLock<Tags>,
 }
 
 impl ConnInfo {
@@ -86,7 +89,6 @@ impl ConnInfo {
         profile: Profile,
         transport: Transport,
         connected_at_ms: i64,
-        tags: Arc<str>,
     ) -> Self {
         let about = [
             device.os_name.as_str(),
@@ -103,7 +105,7 @@ impl ConnInfo {
             profile,
             transport,
             connected_at_ms,
-            tags: RwLock::new(tags),
+            tags: RwLock::new(Tags::default()),
         }
     }
 
@@ -136,7 +138,7 @@ pub struct ConnHandle {
 #[serde(rename_all = "camelCase")]
 pub struct Route {
     #[serde(skip)]
-    pub client_type: i32,
+    pub client_type: ClientType,
     pub node: String,
     #[serde(with = "crate::json_u64")]
     pub conn_id: u64,
@@ -157,7 +159,7 @@ pub trait RouteStore: Send + Sync + 'static {
     async fn bind(&self, user: &str, route: Route) -> Result<Option<Route>, RouteError>;
     /// Removes `user`'s route of `client_type` if it still names `node`'s
     /// connection `conn_id` (a newer bind may have replaced it).
-    async fn unbind(&self, user: &str, client_type: i32, node: &str, conn_id: u64);
+    async fn unbind(&self, user: &str, client_type: ClientType, node: &str, conn_id: u64);
     async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError>;
     /// Many users at once: one round trip per batch, not one per user.
     async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError>;
@@ -228,7 +230,7 @@ impl Router {
     }
 
     /// Removes a connection's route, here and in the table.
-    pub async fn unbind(&self, user: &str, client_type: i32, conn_id: u64) -> bool {
+    pub async fn unbind(&self, user: &str, client_type: ClientType, conn_id: u64) -> bool {
         let removed = self.local.unbind(user, conn_id);
         if let Some(t) = &self.table {
             t.unbind(user, client_type, &self.node_id, conn_id).await;
@@ -240,7 +242,7 @@ impl Router {
     pub async fn resolve(
         &self,
         user: &str,
-        client_type: Option<i32>,
+        client_type: Option<ClientType>,
     ) -> Result<Vec<Target>, RouteError> {
         let local = self.local.lookup(user);
         let remote = match &self.table {
@@ -254,7 +256,7 @@ impl Router {
     pub async fn resolve_many(
         &self,
         users: &[Arc<str>],
-        client_type: Option<i32>,
+        client_type: Option<ClientType>,
     ) -> Vec<Result<Vec<Target>, RouteError>> {
         let remote: Vec<Result<Option<Vec<Route>>, RouteError>> = match &self.table {
             Some(t) => match t.lookup_many(users).await {
@@ -278,7 +280,7 @@ impl Router {
     async fn merge(
         &self,
         user: &str,
-        client_type: Option<i32>,
+        client_type: Option<ClientType>,
         local: Vec<ConnHandle>,
         remote: Result<Option<Vec<Route>>, RouteError>,
     ) -> Result<Vec<Target>, RouteError> {

@@ -1,6 +1,7 @@
 //! The Redis route table (cluster mode): `mp:ur:<userId>`, a hash of client
 //! type → JSON route (mpush's key), expiring unless the owning node renews it.
 
+use mpush_protocol::session::ClientType;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ fn value(r: &Route) -> String {
     v.to_string()
 }
 
-fn parse(client_type: i32, v: &str) -> Option<Route> {
+fn parse(client_type: ClientType, v: &str) -> Option<Route> {
     let mut r: Route = serde_json::from_str(v).ok()?;
     r.client_type = client_type;
     Some(r)
@@ -42,7 +43,7 @@ fn parse(client_type: i32, v: &str) -> Option<Route> {
 fn parse_all(all: HashMap<String, String>) -> Vec<Route> {
     let mut out: Vec<Route> = all
         .iter()
-        .filter_map(|(ct, v)| parse(ct.parse().ok()?, v))
+        .filter_map(|(ct, v)| parse(ClientType::from_code(ct.parse().ok()?)?, v))
         .collect();
     out.sort_by_key(|r| r.client_type);
     out
@@ -65,8 +66,8 @@ impl RouteStore for RedisRoutes {
         let k = key(user);
         let mut c = self.redis.conn();
         let (old,): (Option<String>,) = redis::pipe()
-            .hget(&k, route.client_type)
-            .hset(&k, route.client_type, value(&route))
+            .hget(&k, route.client_type.code())
+            .hset(&k, route.client_type.code(), value(&route))
             .ignore()
             .expire(&k, self.ttl_secs as i64)
             .ignore()
@@ -76,11 +77,11 @@ impl RouteStore for RedisRoutes {
         Ok(old.and_then(|v| parse(route.client_type, &v)))
     }
 
-    async fn unbind(&self, user: &str, client_type: i32, node: &str, conn_id: u64) {
+    async fn unbind(&self, user: &str, client_type: ClientType, node: &str, conn_id: u64) {
         let mut c = self.redis.conn();
         let r: redis::RedisResult<i64> = redis::Script::new(DEL_ROUTE)
             .key(key(user))
-            .arg(client_type)
+            .arg(client_type.code())
             .arg(format!("\"mark\":\"{node}#{conn_id}\""))
             .invoke_async(&mut c)
             .await;
@@ -133,7 +134,7 @@ impl RouteStore for RedisRoutes {
                 let k = key(&user);
                 let mut c = redis.conn();
                 redis::pipe()
-                    .hset(&k, route.client_type, value(&route))
+                    .hset(&k, route.client_type.code(), value(&route))
                     .ignore()
                     .expire(&k, ttl)
                     .ignore()

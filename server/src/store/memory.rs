@@ -603,7 +603,7 @@ mod tests {
             trace_id: trace.into(),
             user_id: user.into(),
             device_id: "device".into(),
-            client_type: 1,
+            client_type: mpush_protocol::session::ClientType::Mobile,
             state: TraceState::Dispatched,
             detail: detail.map(Into::into),
             at_ms: unix_ms(),

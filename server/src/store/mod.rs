@@ -8,6 +8,7 @@ pub mod idempotency;
 mod memory;
 pub mod redis;
 
+use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -109,7 +110,7 @@ pub struct RecipientState {
     pub user_id: String,
     /// Empty while the user was offline.
     pub device_id: String,
-    pub client_type: i32,
+    pub client_type: ClientType,
     pub state: TraceState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -216,7 +217,7 @@ pub struct TraceEvent {
     pub trace_id: Arc<str>,
     pub user_id: Arc<str>,
     pub device_id: Arc<str>,
-    pub client_type: i32,
+    pub client_type: ClientType,
     pub state: TraceState,
     pub detail: Option<Cow<'static, str>>,
     pub at_ms: i64,
@@ -250,7 +251,7 @@ pub struct StoredMessage {
     pub content: Bytes,
     pub ack_mode: AckMode,
     /// Only devices of this client type get it.
-    pub client_type: Option<i32>,
+    pub client_type: Option<ClientType>,
     pub expires_at_ms: i64,
 }
 

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use bytes::Bytes;
 use mpush_protocol::crypto::ResumeKey;
-use mpush_protocol::session::{AckMode, DeviceInfo, SessionRecord, SessionSecret};
+use mpush_protocol::session::{AckMode, ClientType, DeviceInfo, SessionRecord, SessionSecret};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -423,11 +423,16 @@ fn recipient_json(r: &RecipientState) -> Value {
     })
 }
 
+/// A stored client type (mpush's integer); `None` when absent or unknown.
+fn code(v: &Value) -> Option<ClientType> {
+    ClientType::from_code(i32::try_from(v.as_i64()?).ok()?)
+}
+
 fn recipient_from_json(v: &Value) -> RecipientState {
     RecipientState {
         user_id: v["userId"].as_str().unwrap_or_default().to_owned(),
         device_id: v["deviceId"].as_str().unwrap_or_default().to_owned(),
-        client_type: v["clientType"].as_i64().unwrap_or(-1) as i32,
+        client_type: code(&v["clientType"]).unwrap_or_default(),
         state: state_from(v["state"].as_str().unwrap_or_default()),
         detail: v["detail"].as_str().map(str::to_owned),
         updated_at_ms: v["updatedAtMs"].as_i64().unwrap_or(0),
@@ -490,7 +495,7 @@ fn message_from(s: &str) -> Option<StoredMessage> {
             Some(2) => AckMode::Biz,
             _ => AckMode::None,
         },
-        client_type: v["ct"].as_i64().map(|c| c as i32),
+        client_type: v["ct"].as_i64().map(|_| code(&v["ct"]).unwrap_or_default()),
         expires_at_ms: v["exp"].as_i64()?,
     })
 }
