@@ -1,6 +1,10 @@
 //! The tokio driver (feature `tokio`): runs a [`Session`] over TCP (`host:port`)
 //! or WebSocket (`ws://`, `wss://` with rustls), persists the resume ticket,
 //! and exposes a small async API.
+//!
+//! One file: the driver loop, its two transports and the handle the app
+//! holds are one task's parts, read together; the session it drives is the
+//! `session` folder.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,5 +1,10 @@
 //! Settings: defaults, then the TOML file, then `MPUSH__SECTION__KEY`
 //! environment variables, then command-line flags; validated once at start-up.
+//!
+//! Longer than most files on purpose: every setting sits beside its
+//! default and its check (half the lines are the documentation `config
+//! print` and the README's reference come from), and the tests at the end
+//! read them together.
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,5 +1,9 @@
 //! The HTTP API for business backends (JSON), mpush's `/exec` and the alloc
 //! routes. An OpenAPI document is served at `/openapi.json`.
+//!
+//! This file is the router with its middleware and the JSON routes, each
+//! next to the body it reads (about 60 lines a route); answers, errors, the
+//! mpush routes, the seam and the accept loop are files beside it.
 
 mod answer;
 mod compat;

@@ -1,5 +1,9 @@
 //! The embedded default: everything in process memory, with the same expiry
 //! rules the Redis implementations apply.
+//!
+//! One file per backend, as `redis.rs`: the five stores' in-memory forms
+//! side by side, so their bounds (count and bytes) read alike; a third is
+//! their tests.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

@@ -1,6 +1,9 @@
 //! The Redis implementations of the stores (cluster mode). Keys follow mpush
 //! where it had them (`mp:rs:` sessions, `mp:ur:` routes); the rest are ours.
 //! Every command has a timeout; failures are logged and reported, never panics.
+//!
+//! One file per backend, as `memory.rs`: every key layout of the cluster in
+//! one place (the operators' reference for what is in Redis).
 
 use async_trait::async_trait;
 use base64::Engine as _;
