@@ -12,6 +12,47 @@
 // This file imports nothing: each module of the package (mpush-sdk,
 // mpush-sdk/classic) passes its own core to `makeClient`.
 
+// The slots of the two positional values this driver and the core exchange:
+// `configure`'s numbers and the items `poll` returns (plain arrays: the least
+// glue across the boundary). The core's side is sdk-wasm/src/layout.rs;
+// tests/node/layout.mjs checks every name and position here against the enums
+// the self-test module exports from it (NumberSlot::HeartbeatMs is
+// NUMBER_SLOT_HEARTBEAT_MS). The bundler turns the names into short ones.
+export const NUMBER_SLOT_HEARTBEAT_MS = 0;
+export const NUMBER_SLOT_CONNECT_TIMEOUT_MS = 1;
+export const NUMBER_SLOT_BACKOFF_INITIAL_MS = 2;
+export const NUMBER_SLOT_BACKOFF_MAX_MS = 3;
+export const NUMBER_SLOT_BACKOFF_MULTIPLIER = 4;
+export const NUMBER_SLOT_BACKOFF_JITTER = 5;
+export const NUMBER_SLOT_DEDUP_CAPACITY = 6;
+export const NUMBER_SLOT_OUTBOUND_CAPACITY = 7;
+export const NUMBER_SLOT_COUNT = 8;
+export const ITEM_SLOT_KIND = 0;
+export const ITEM_SLOT_VALUE = 1;
+export const STATE_SLOT_NAME = 1;
+export const STATE_SLOT_ADDRESS = 2;
+export const STATE_SLOT_RESUMED = 3;
+export const STATE_SLOT_V2 = 4;
+export const STATE_SLOT_REASON = 5;
+export const STATE_SLOT_RETRY_IN_MS = 6;
+export const STATE_SLOT_COUNT = 7;
+export const MESSAGE_SLOT_ACK_ID = 1;
+export const MESSAGE_SLOT_MESSAGE_ID = 2;
+export const MESSAGE_SLOT_TRACE_ID = 3;
+export const MESSAGE_SLOT_CONTENT = 4;
+export const MESSAGE_SLOT_NEEDS_ACK = 5;
+export const MESSAGE_SLOT_COUNT = 6;
+export const KICKED_SLOT_USER_ID = 1;
+export const KICKED_SLOT_DEVICE_ID = 2;
+export const KICKED_SLOT_COUNT = 3;
+export const BIND_SLOT_USER_ID = 1;
+export const BIND_SLOT_OK = 2;
+export const BIND_SLOT_REASON = 3;
+export const BIND_SLOT_COUNT = 4;
+export const SETTLED_SLOT_REQUEST = 1;
+export const SETTLED_SLOT_ERROR = 2;
+export const SETTLED_SLOT_COUNT = 3;
+
 /** Events kept for an iterator nobody reads; beyond it the oldest are dropped. */
 const QUEUE_CAPACITY = 1024;
 /** How long an allocator request may take. */
@@ -215,15 +256,15 @@ export function makeClient(wasm) {
       transportProfile: bool("transportProfile", true),
       allowPublishedKey: bool("allowPublishedKey", false),
       numbers: [
-        num("heartbeatMs"),
-        num("connectTimeoutMs"),
-        num("backoff.initialMs", backoff),
-        num("backoff.maxMs", backoff),
-        num("backoff.multiplier", backoff),
-        num("backoff.jitter", backoff),
-        num("dedupCapacity"),
-        num("outboundCapacity"),
-      ],
+        [NUMBER_SLOT_HEARTBEAT_MS, num("heartbeatMs")],
+        [NUMBER_SLOT_CONNECT_TIMEOUT_MS, num("connectTimeoutMs")],
+        [NUMBER_SLOT_BACKOFF_INITIAL_MS, num("backoff.initialMs", backoff)],
+        [NUMBER_SLOT_BACKOFF_MAX_MS, num("backoff.maxMs", backoff)],
+        [NUMBER_SLOT_BACKOFF_MULTIPLIER, num("backoff.multiplier", backoff)],
+        [NUMBER_SLOT_BACKOFF_JITTER, num("backoff.jitter", backoff)],
+        [NUMBER_SLOT_DEDUP_CAPACITY, num("dedupCapacity")],
+        [NUMBER_SLOT_OUTBOUND_CAPACITY, num("outboundCapacity")],
+      ].reduce((n, [slot, v]) => ((n[slot] = v ?? NaN), n), new Float64Array(NUMBER_SLOT_COUNT).fill(NaN)),
       storage,
       storageKey: str("storageKey") ?? "mpush",
       onMessage: fn("onMessage"),
@@ -290,7 +331,7 @@ export function makeClient(wasm) {
         o.v2,
         o.transportProfile,
         o.allowPublishedKey,
-        new Float64Array(o.numbers),
+        o.numbers,
       );
     }
 
@@ -401,8 +442,9 @@ export function makeClient(wasm) {
       }
     }
 
-    #handle([kind, a, b, c, d, e, f]) {
-      switch (kind) {
+    #handle(item) {
+      const a = item[ITEM_SLOT_VALUE];
+      switch (item[ITEM_SLOT_KIND]) {
         case "open":
           return this.#open(a);
         case "send":
@@ -418,26 +460,45 @@ export function makeClient(wasm) {
         case "fetch":
           return this.#fetch(a);
         case "state": {
+          const name = item[STATE_SLOT_NAME];
           const detail = {};
-          for (const [k, v] of [["address", b], ["resumed", c], ["v2", d], ["reason", e], ["retryInMs", f]]) {
-            if (v !== undefined) detail[k] = v;
+          for (const [k, slot] of [
+            ["address", STATE_SLOT_ADDRESS],
+            ["resumed", STATE_SLOT_RESUMED],
+            ["v2", STATE_SLOT_V2],
+            ["reason", STATE_SLOT_REASON],
+            ["retryInMs", STATE_SLOT_RETRY_IN_MS],
+          ]) {
+            if (item[slot] !== undefined) detail[k] = item[slot];
           }
-          this.#callback(this.#o.onStateChange, a, detail);
-          this.#emit({ type: "state", state: a, detail });
-          if (a === "connected") this.#settle((w) => w === "connected", null);
+          this.#callback(this.#o.onStateChange, name, detail);
+          this.#emit({ type: "state", state: name, detail });
+          if (name === "connected") this.#settle((w) => w === "connected", null);
           return;
         }
         case "message": {
-          const message = { id: a, messageId: b, traceId: c, data: d, text: new TextDecoder().decode(d), needsAck: e };
+          const data = item[MESSAGE_SLOT_CONTENT];
+          const message = {
+            id: item[MESSAGE_SLOT_ACK_ID],
+            messageId: item[MESSAGE_SLOT_MESSAGE_ID],
+            traceId: item[MESSAGE_SLOT_TRACE_ID],
+            data,
+            text: new TextDecoder().decode(data),
+            needsAck: item[MESSAGE_SLOT_NEEDS_ACK],
+          };
           this.#callback(this.#o.onMessage, message);
           return this.#emit({ type: "message", message });
         }
-        case "kicked":
-          this.#callback(this.#o.onKicked, { userId: a, deviceId: b });
-          return this.#emit({ type: "kicked", userId: a, deviceId: b });
-        case "bind":
-          if (b) return this.#emit({ type: "bound", userId: a });
-          return this.#report(sdkError("bind_failed", `the server refused to bind ${a}: ${c}`));
+        case "kicked": {
+          const kicked = { userId: item[KICKED_SLOT_USER_ID], deviceId: item[KICKED_SLOT_DEVICE_ID] };
+          this.#callback(this.#o.onKicked, kicked);
+          return this.#emit({ type: "kicked", ...kicked });
+        }
+        case "bind": {
+          const user = item[BIND_SLOT_USER_ID];
+          if (item[BIND_SLOT_OK]) return this.#emit({ type: "bound", userId: user });
+          return this.#report(sdkError("bind_failed", `the server refused to bind ${user}: ${item[BIND_SLOT_REASON]}`));
+        }
         case "ticket":
           try {
             save(this.#o.storage, this.#ticketKey, a);
@@ -446,7 +507,7 @@ export function makeClient(wasm) {
           }
           return;
         case "settled":
-          return this.#settle((w) => w === a, b);
+          return this.#settle((w) => w === item[SETTLED_SLOT_REQUEST], item[SETTLED_SLOT_ERROR]);
         case "error":
           return this.#report(a);
         case "stopped":
@@ -536,7 +597,11 @@ export function makeClient(wasm) {
       this.#closed = true;
       if (!this.#started) {
         // Closed before connect(): the core never ran, say it here.
-        this.#handle(["state", "closed", undefined, undefined, undefined, reason]);
+        const item = new Array(STATE_SLOT_COUNT);
+        item[ITEM_SLOT_KIND] = "state";
+        item[STATE_SLOT_NAME] = "closed";
+        item[STATE_SLOT_REASON] = reason;
+        this.#handle(item);
       }
       this.#settle(() => true, sdkError("stopped", ""));
       for (const q of this.#queues.splice(0)) q.end();

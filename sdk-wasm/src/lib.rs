@@ -26,6 +26,24 @@ use mpush_sdk_core::session::{
 };
 use wasm_bindgen::prelude::*;
 
+pub mod layout;
+use layout::{BindSlot, ItemSlot, KickedSlot, MessageSlot, NumberSlot, SettledSlot, StateSlot};
+
+/// A `poll` item written in slot order, each value beside its slot's name:
+/// the build fails if a slot is not at its position (`layout.rs`), and the
+/// item is one `vec!` of its values (no placeholder to overwrite).
+macro_rules! slots {
+    ($($slot:expr => $value:expr),+ $(,)?) => {{
+        slots!(@at 0usize; $($slot),+);
+        vec![$($value),+]
+    }};
+    (@at $i:expr; $slot:expr $(, $rest:expr)*) => {
+        const { assert!($slot as usize == $i, "a poll item's slot is out of its layout order") };
+        slots!(@at $i + 1; $($rest),*);
+    };
+    (@at $i:expr;) => {};
+}
+
 #[cfg(all(target_family = "wasm", not(target_feature = "atomics")))]
 #[global_allocator]
 static TALC: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
@@ -92,9 +110,9 @@ impl Core {
     }
 
     /// Sets and checks the configuration (the core's defaults and ranges).
-    /// `numbers` holds heartbeat, connect timeout, backoff initial, backoff
-    /// max (all ms), backoff multiplier, jitter, dedup capacity and outbound
-    /// capacity; NaN takes the default. Throws `invalid_input` naming the field.
+    /// `numbers` holds the numeric settings at their [`NumberSlot`]s
+    /// (durations in ms); NaN takes the default. Throws `invalid_input`
+    /// naming the field.
     #[allow(clippy::too_many_arguments)]
     pub fn configure(
         &mut self,
@@ -129,26 +147,26 @@ impl Core {
         c.offer_v2 = v2;
         c.transport_profile = transport_profile;
         c.allow_published_key = allow_published_key;
-        let n = |i: usize| numbers.get(i).copied().filter(|n| !n.is_nan());
-        let ms = |i: usize, into: &mut Duration| {
-            if let Some(v) = n(i) {
+        let n = |slot: NumberSlot| numbers.get(slot as usize).copied().filter(|n| !n.is_nan());
+        let ms = |slot: NumberSlot, into: &mut Duration| {
+            if let Some(v) = n(slot) {
                 *into = Duration::from_millis(v as u64);
             }
         };
-        ms(0, &mut c.heartbeat);
-        ms(1, &mut c.connect_timeout);
-        ms(2, &mut c.backoff.initial);
-        ms(3, &mut c.backoff.max);
-        if let Some(v) = n(4) {
+        ms(NumberSlot::HeartbeatMs, &mut c.heartbeat);
+        ms(NumberSlot::ConnectTimeoutMs, &mut c.connect_timeout);
+        ms(NumberSlot::BackoffInitialMs, &mut c.backoff.initial);
+        ms(NumberSlot::BackoffMaxMs, &mut c.backoff.max);
+        if let Some(v) = n(NumberSlot::BackoffMultiplier) {
             c.backoff.multiplier = v;
         }
-        if let Some(v) = n(5) {
+        if let Some(v) = n(NumberSlot::BackoffJitter) {
             c.backoff.jitter = v;
         }
-        if let Some(v) = n(6) {
+        if let Some(v) = n(NumberSlot::DedupCapacity) {
             c.dedup_capacity = v as usize;
         }
-        if let Some(v) = n(7) {
+        if let Some(v) = n(NumberSlot::OutboundCapacity) {
             c.outbound_capacity = v as usize;
         }
         c.validate().map_err(|e| js_error(&e))?;
@@ -291,76 +309,101 @@ impl Core {
         })
     }
 
-    /// The next thing for the driver, as an array whose first element names
-    /// it: an action (`open` address, `send` bytes, `close`, `fetch` url),
-    /// then the events (`state`, `message`, `kicked`, `bind`, `ticket`,
-    /// `settled`, `error`, `stopped`). `undefined` when there is nothing.
+    /// The next thing for the driver, as an array whose [`ItemSlot::Kind`]
+    /// names it: an action (`open` address, `send` bytes, `close`, `fetch`
+    /// url), then the events (`state`, `message`, `kicked`, `bind`,
+    /// `ticket`, `settled`, `error`, `stopped`), each field at its slot
+    /// (`layout.rs`). `undefined` when there is nothing.
     pub fn poll(&mut self) -> Option<Vec<JsValue>> {
+        use ItemSlot::{Kind, Value};
         let s = self.session.as_mut()?;
         if let Some(a) = s.poll_action() {
             return Some(match a {
-                Action::Open { address } => vec![string("open"), string(address)],
-                Action::Send(b) => vec![string("send"), Uint8Array::from(&b[..]).into()],
-                Action::Close => vec![string("close")],
-                Action::FetchServers { url } => vec![string("fetch"), string(url)],
+                Action::Open { address } => {
+                    slots![Kind => string("open"), Value => string(address)]
+                }
+                Action::Send(b) => slots![
+                    Kind => string("send"),
+                    Value => Uint8Array::from(&b[..]).into(),
+                ],
+                Action::Close => slots![Kind => string("close")],
+                Action::FetchServers { url } => {
+                    slots![Kind => string("fetch"), Value => string(url)]
+                }
             });
         }
         loop {
             let item = match s.poll_event()? {
-                // ["state", name, address, resumed, v2, reason, retryInMs];
-                // what the state does not carry is undefined.
+                // What the state does not carry is undefined.
                 SessionEvent::StateChanged(state) => {
-                    let mut item = vec![JsValue::UNDEFINED; 7];
-                    item[0] = string("state");
-                    item[1] = string(state.name());
+                    let mut item = vec![JsValue::UNDEFINED; StateSlot::Count as usize];
+                    let mut set = |slot: StateSlot, v: JsValue| item[slot as usize] = v;
+                    set(StateSlot::Name, string(state.name()));
                     match state {
-                        SessionState::Connecting { address } => item[2] = string(address),
+                        SessionState::Connecting { address } => {
+                            set(StateSlot::Address, string(address))
+                        }
                         SessionState::Connected {
                             address,
                             resumed,
                             v2,
                         } => {
-                            item[2] = string(address);
-                            item[3] = resumed.into();
-                            item[4] = v2.into();
+                            set(StateSlot::Address, string(address));
+                            set(StateSlot::Resumed, resumed.into());
+                            set(StateSlot::V2, v2.into());
                         }
                         SessionState::Disconnected {
                             reason,
                             retry_in_ms,
                         } => {
-                            item[5] = string(reason);
-                            item[6] = number(retry_in_ms);
+                            set(StateSlot::Reason, string(reason));
+                            set(StateSlot::RetryInMs, number(retry_in_ms));
                         }
-                        SessionState::Stopped { reason } => item[5] = string(reason),
+                        SessionState::Stopped { reason } => set(StateSlot::Reason, string(reason)),
                     }
+                    item[Kind as usize] = string("state");
                     item
                 }
-                SessionEvent::Message(m) => vec![
-                    string("message"),
-                    number(m.ack_id),
+                SessionEvent::Message(m) => slots![
+                    Kind => string("message"),
+                    MessageSlot::AckId => number(m.ack_id),
                     // A decimal string: u64 ids do not fit a JS number.
-                    m.message_id
+                    MessageSlot::MessageId => m
+                        .message_id
                         .map_or(JsValue::NULL, |id| string(id.to_string())),
-                    string(m.trace_id),
-                    Uint8Array::from(m.content.as_slice()).into(),
-                    m.needs_ack.into(),
+                    MessageSlot::TraceId => string(m.trace_id),
+                    MessageSlot::Content => Uint8Array::from(m.content.as_slice()).into(),
+                    MessageSlot::NeedsAck => m.needs_ack.into(),
                 ],
-                SessionEvent::Kicked { device_id, user_id } => {
-                    vec![string("kicked"), string(user_id), string(device_id)]
-                }
+                SessionEvent::Kicked { device_id, user_id } => slots![
+                    Kind => string("kicked"),
+                    KickedSlot::UserId => string(user_id),
+                    KickedSlot::DeviceId => string(device_id),
+                ],
                 SessionEvent::BindResult {
                     user_id,
                     ok,
                     reason,
-                } => vec![string("bind"), string(user_id), ok.into(), string(reason)],
-                SessionEvent::TicketUpdated { ticket } => vec![string("ticket"), string(ticket)],
-                SessionEvent::Settled { request, result } => vec![
-                    string("settled"),
-                    number(request),
-                    result.err().map_or(JsValue::NULL, |e| js_error(&e)),
+                } => slots![
+                    Kind => string("bind"),
+                    BindSlot::UserId => string(user_id),
+                    BindSlot::Ok => ok.into(),
+                    BindSlot::Reason => string(reason),
                 ],
-                SessionEvent::Error { error } => vec![string("error"), js_error(&error)],
-                SessionEvent::Stopped { reason } => vec![string("stopped"), string(reason)],
+                SessionEvent::TicketUpdated { ticket } => {
+                    slots![Kind => string("ticket"), Value => string(ticket)]
+                }
+                SessionEvent::Settled { request, result } => slots![
+                    Kind => string("settled"),
+                    SettledSlot::Request => number(request),
+                    SettledSlot::Error => result.err().map_or(JsValue::NULL, |e| js_error(&e)),
+                ],
+                SessionEvent::Error { error } => {
+                    slots![Kind => string("error"), Value => js_error(&error)]
+                }
+                SessionEvent::Stopped { reason } => {
+                    slots![Kind => string("stopped"), Value => string(reason)]
+                }
                 // `state` carries what these say.
                 _ => continue,
             };

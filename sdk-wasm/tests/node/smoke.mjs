@@ -53,6 +53,30 @@ try {
     assert.ok(mainUrl.endsWith("/node_modules/mpush-sdk/mpush_sdk.js"), mainUrl);
   });
 
+  await check("the driver names every slot as the core does (sdk-wasm/src/layout.rs)", async () => {
+    // The self-test module exports the core's layout enums; the driver
+    // (js/client.js) its NAME_SLOT_FIELD constants. Any name or position
+    // that differs, or is on one side only, fails here.
+    const conf = await import(confUrl);
+    const driver = await import(pathToFileURL(join(root, "sdk-wasm", "js", "client.js")).href);
+    const snake = (s) => s.replace(/([a-z0-9])([A-Z])/g, "$1_$2").toUpperCase();
+    const core = {};
+    for (const e of ["NumberSlot", "ItemSlot", "StateSlot", "MessageSlot", "KickedSlot", "BindSlot", "SettledSlot"]) {
+      assert.ok(conf[e], `the self-test module exports no ${e}`);
+      for (const [k, v] of Object.entries(conf[e])) if (typeof v === "number") core[`${snake(e)}_${snake(k)}`] = v;
+    }
+    const js = Object.fromEntries(Object.entries(driver).filter(([k]) => k.includes("_SLOT_")));
+    assert.ok(Object.keys(core).length >= 30, `only ${Object.keys(core).length} slots`);
+    assert.deepEqual(js, core);
+    // Every item's slots are distinct and start after the kind.
+    for (const prefix of ["STATE", "MESSAGE", "KICKED", "BIND", "SETTLED"]) {
+      const slots = Object.entries(core).filter(([k]) => k.startsWith(`${prefix}_SLOT_`) && !k.endsWith("_COUNT"));
+      const at = slots.map(([, v]) => v).sort((a, b) => a - b);
+      assert.deepEqual(at, at.map((_, i) => i + 1), `${prefix}: ${JSON.stringify(slots)}`);
+      assert.equal(core[`${prefix}_SLOT_COUNT`], at.length + 1);
+    }
+  });
+
   await check("every shared protocol vector matches (mpush-sdk/conformance)", async () => {
     const conf = await import(confUrl);
     await conf.default({ module_or_path: readFileSync(new URL(resolveFrom("mpush-sdk/mpush_sdk_conformance_bg.wasm"))) });
