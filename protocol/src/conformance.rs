@@ -22,7 +22,25 @@ use crate::message::{
 use crate::packet::{Command, Decoder, Flags, Frame, Packet};
 use crate::session::{ResumeTicket, SessionSecret};
 
-type Check = Result<(), String>;
+/// A vector that does not match this build, or is malformed: the words
+/// name the vector and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Mismatch(pub String);
+
+impl From<String> for Mismatch {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for Mismatch {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+type Check = Result<(), Mismatch>;
 
 /// Field readers over one vector's `fields` object.
 struct Fields<'a> {
@@ -31,35 +49,38 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    fn get(&self, key: &str) -> Result<&Value, String> {
+    fn get(&self, key: &str) -> Result<&Value, Mismatch> {
         self.v
             .get(key)
-            .ok_or_else(|| format!("{}: missing field {key}", self.name))
+            .ok_or_else(|| Mismatch(format!("{}: missing field {key}", self.name)))
     }
 
     /// A string field; absent or null is the empty string (as mpush writes it).
-    fn s(&self, key: &str) -> Result<String, String> {
+    fn s(&self, key: &str) -> Result<String, Mismatch> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(String::new()),
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(format!("{}: field {key} is not a string", self.name)),
+            Some(_) => Err(Mismatch(format!(
+                "{}: field {key} is not a string",
+                self.name
+            ))),
         }
     }
 
-    fn i(&self, key: &str) -> Result<i64, String> {
+    fn i(&self, key: &str) -> Result<i64, Mismatch> {
         self.get(key)?
             .as_i64()
-            .ok_or_else(|| format!("{}: field {key} is not an integer", self.name))
+            .ok_or_else(|| Mismatch(format!("{}: field {key} is not an integer", self.name)))
     }
 
-    fn hex(&self, key: &str) -> Result<Vec<u8>, String> {
+    fn hex(&self, key: &str) -> Result<Vec<u8>, Mismatch> {
         unhex(self.name, key, self.get(key)?)
     }
 
-    fn arr16(&self, key: &str) -> Result<[u8; 16], String> {
+    fn arr16(&self, key: &str) -> Result<[u8; 16], Mismatch> {
         self.hex(key)?
             .try_into()
-            .map_err(|_| format!("{}: field {key} is not 16 bytes", self.name))
+            .map_err(|_| Mismatch(format!("{}: field {key} is not 16 bytes", self.name)))
     }
 
     fn sub<'b>(&'b self, key: &str) -> Option<Fields<'b>> {
@@ -67,22 +88,22 @@ impl Fields<'_> {
     }
 }
 
-fn unhex(name: &str, key: &str, v: &Value) -> Result<Vec<u8>, String> {
+fn unhex(name: &str, key: &str, v: &Value) -> Result<Vec<u8>, Mismatch> {
     let text = v
         .as_str()
-        .ok_or_else(|| format!("{name}: field {key} is not a hex string"))?;
-    hex::decode(text).map_err(|e| format!("{name}: field {key}: {e}"))
+        .ok_or_else(|| Mismatch(format!("{name}: field {key} is not a hex string")))?;
+    hex::decode(text).map_err(|e| Mismatch(format!("{name}: field {key}: {e}")))
 }
 
 fn same(name: &str, what: &str, got: &[u8], want: &[u8]) -> Check {
     if got == want {
         Ok(())
     } else {
-        Err(format!(
+        Err(Mismatch(format!(
             "{name}: {what}: got {}, want {}",
             hex::encode(got),
             hex::encode(want)
-        ))
+        )))
     }
 }
 
@@ -90,18 +111,20 @@ fn equal<T: PartialEq + std::fmt::Debug>(name: &str, what: &str, got: T, want: T
     if got == want {
         Ok(())
     } else {
-        Err(format!("{name}: {what}: got {got:?}, want {want:?}"))
+        Err(Mismatch(format!(
+            "{name}: {what}: got {got:?}, want {want:?}"
+        )))
     }
 }
 
 /// `msg` encodes to `hex` and `hex` decodes to `msg`.
 fn both_ways<B: Body + PartialEq + std::fmt::Debug>(name: &str, msg: B, hex: &[u8]) -> Check {
     same(name, "encode", &msg.to_bytes(), hex)?;
-    let back = B::from_bytes(hex).map_err(|e| format!("{name}: decode: {e}"))?;
+    let back = B::from_bytes(hex).map_err(|e| Mismatch(format!("{name}: decode: {e}")))?;
     equal(name, "decode", back, msg)
 }
 
-fn caps(f: &Fields<'_>) -> Result<Option<v2::Capabilities>, String> {
+fn caps(f: &Fields<'_>) -> Result<Option<v2::Capabilities>, Mismatch> {
     f.sub("capabilities")
         .map(|c| {
             Ok(v2::Capabilities {
@@ -113,7 +136,7 @@ fn caps(f: &Fields<'_>) -> Result<Option<v2::Capabilities>, String> {
 }
 
 /// Checks one vector (the JSON of one file) and returns its name.
-pub fn check_vector(v: &Value) -> Result<String, String> {
+pub fn check_vector(v: &Value) -> Result<String, Mismatch> {
     let name = v
         .get("name")
         .and_then(Value::as_str)
@@ -121,7 +144,7 @@ pub fn check_vector(v: &Value) -> Result<String, String> {
     let kind = v
         .get("kind")
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("{name}: no kind"))?;
+        .ok_or_else(|| Mismatch(format!("{name}: no kind")))?;
     let f = Fields {
         name,
         v: v.get("fields").unwrap_or(&Value::Null),
@@ -247,10 +270,13 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
             let ids = f
                 .get("messageIds")?
                 .as_array()
-                .ok_or_else(|| format!("{name}: messageIds is not an array"))?
+                .ok_or_else(|| Mismatch(format!("{name}: messageIds is not an array")))?
                 .iter()
-                .map(|x| x.as_u64().ok_or_else(|| format!("{name}: bad message id")))
-                .collect::<Result<Vec<u64>, String>>()?;
+                .map(|x| {
+                    x.as_u64()
+                        .ok_or_else(|| Mismatch(format!("{name}: bad message id")))
+                })
+                .collect::<Result<Vec<u64>, Mismatch>>()?;
             both_ways(name, Ack { message_ids: ids }, hex)
         }
         "redirect" => both_ways(
@@ -273,18 +299,18 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
                 expires_at_ms: f.i("expiresAtMs")? as u64,
             };
             same(name, "encode", &prost::Message::encode_to_vec(&env), hex)?;
-            let back: v2::PushEnvelope =
-                prost::Message::decode(hex).map_err(|e| format!("{name}: decode: {e}"))?;
+            let back: v2::PushEnvelope = prost::Message::decode(hex)
+                .map_err(|e| Mismatch(format!("{name}: decode: {e}")))?;
             equal(name, "decode", back, env)
         }
         "http_response" => {
             let body = f
                 .sub("body")
-                .ok_or_else(|| format!("{name}: missing body"))?;
+                .ok_or_else(|| Mismatch(format!("{name}: missing body")))?;
             let fill = *body
                 .hex("fill")?
                 .first()
-                .ok_or_else(|| format!("{name}: empty fill"))?;
+                .ok_or_else(|| Mismatch(format!("{name}: empty fill")))?;
             let msg = HttpResponse {
                 status_code: f.i("statusCode")? as i32,
                 reason_phrase: f.s("reasonPhrase")?,
@@ -301,7 +327,8 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
             let total = v["total_len"].as_i64().unwrap_or(-1);
             equal(name, "length", enc.len() as i64, total)?;
             same(name, "prefix", enc.get(..hex.len()).unwrap_or(&enc), hex)?;
-            let back = HttpResponse::from_bytes(&enc).map_err(|e| format!("{name}: {e}"))?;
+            let back =
+                HttpResponse::from_bytes(&enc).map_err(|e| Mismatch(format!("{name}: {e}")))?;
             equal(name, "decode", back, msg)
         }
         "packet" => {
@@ -337,7 +364,9 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
             let plain = f.hex("plain")?;
             let mut rng = Rng::seed_from_u64(0);
             same(name, "seal", &c.seal(&mut rng, &[], &plain), hex)?;
-            let opened = c.open(&[], hex).map_err(|e| format!("{name}: open: {e}"))?;
+            let opened = c
+                .open(&[], hex)
+                .map_err(|e| Mismatch(format!("{name}: open: {e}")))?;
             same(name, "open", &opened, &plain)
         }
         "session_key" => {
@@ -345,16 +374,16 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
             same(name, "session key", &k.0, hex)
         }
         "zlib" => {
-            let out =
-                crypto::decompress(hex, 1 << 16).map_err(|e| format!("{name}: inflate: {e}"))?;
+            let out = crypto::decompress(hex, 1 << 16)
+                .map_err(|e| Mismatch(format!("{name}: inflate: {e}")))?;
             same(name, "inflate", &out, &f.hex("plain")?)
         }
         "token_dat" => {
             let text = v["text"]
                 .as_str()
-                .ok_or_else(|| format!("{name}: no text"))?;
+                .ok_or_else(|| Mismatch(format!("{name}: no text")))?;
             let t = ResumeTicket::from_token_dat(text)
-                .ok_or_else(|| format!("{name}: token.dat does not parse"))?;
+                .ok_or_else(|| Mismatch(format!("{name}: token.dat does not parse")))?;
             equal(name, "sessionId", t.session_id.clone(), f.s("sessionId")?)?;
             equal(name, "expireTime", t.expire_at_ms, f.i("expireTime")?)?;
             equal(
@@ -394,6 +423,6 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
                 &f.hex("connectionTraffic")?,
             )
         }
-        other => Err(format!("{name}: unknown vector kind {other}")),
+        other => Err(Mismatch(format!("{name}: unknown vector kind {other}"))),
     }
 }

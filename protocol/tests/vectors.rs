@@ -90,7 +90,7 @@ fn a_tampered_vector_is_reported() {
     );
     v["hex"] = Value::String(flipped);
     let e = check_vector(&v).expect_err("a flipped byte is caught");
-    assert!(e.starts_with("bind_packet: "), "{e}");
+    assert!(e.0.starts_with("bind_packet: "), "{e}");
     for broken in [
         serde_json::json!({}),
         serde_json::json!({"name": "x", "kind": "packet", "hex": "zz"}),

@@ -30,9 +30,61 @@ use crate::session::{
 /// A failure of either becomes a `SessionEvent::Error` (code `storage`).
 pub trait TicketStore: Send + Sync + 'static {
     /// The saved ticket, if any.
-    fn load(&self) -> Result<Option<String>, String>;
+    fn load(&self) -> Result<Option<String>, StorageError>;
     /// Saves a ticket; empty means forget the saved one.
-    fn save(&self, ticket: &str) -> Result<(), String>;
+    fn save(&self, ticket: &str) -> Result<(), StorageError>;
+}
+
+/// A ticket store's failure, in the store's own words (a file's error, or
+/// what the platform's store said): the `storage` error's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StorageError(pub String);
+
+/// Why a connection, a read or a write, or an allocator request failed. Its
+/// words are the reason the session's state (and so the app) shows.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The socket: connect, read or write.
+    #[error("{0}")]
+    Io(Arc<std::io::Error>),
+    #[error("{0}")]
+    WebSocket(Arc<tokio_tungstenite::tungstenite::Error>),
+    /// The TLS handshake.
+    #[error("TLS: {0}")]
+    Tls(Arc<std::io::Error>),
+    /// TLS could not be set up (the provider's protocol versions).
+    #[error("{0}")]
+    TlsConfig(#[from] tokio_rustls::rustls::Error),
+    #[error("pinned certificate: {0}")]
+    PinnedCertificate(String),
+    /// An address this driver cannot use as written.
+    #[error("{address}: {reason}")]
+    Address { address: String, reason: String },
+    /// The allocator request.
+    #[error("{0}")]
+    Http(Arc<reqwest::Error>),
+    /// The peer took no bytes within the send timeout.
+    #[error("write timed out")]
+    WriteTimeout,
+}
+
+impl From<std::io::Error> for TransportError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(Arc::new(e))
+    }
+}
+
+impl From<tokio_tungstenite::tungstenite::Error> for TransportError {
+    fn from(e: tokio_tungstenite::tungstenite::Error) -> Self {
+        Self::WebSocket(Arc::new(e))
+    }
+}
+
+impl From<reqwest::Error> for TransportError {
+    fn from(e: reqwest::Error) -> Self {
+        Self::Http(Arc::new(e))
+    }
 }
 
 /// Keeps the resume ticket in a file (one line), like mpush's `token.dat`.
@@ -69,12 +121,14 @@ impl FileTicketStore {
 }
 
 impl TicketStore for FileTicketStore {
-    fn load(&self) -> Result<Option<String>, String> {
-        FileTicketStore::load(self).map_err(|e| format!("{}: {e}", self.path.display()))
+    fn load(&self) -> Result<Option<String>, StorageError> {
+        FileTicketStore::load(self)
+            .map_err(|e| StorageError(format!("{}: {e}", self.path.display())))
     }
 
-    fn save(&self, ticket: &str) -> Result<(), String> {
-        FileTicketStore::save(self, ticket).map_err(|e| format!("{}: {e}", self.path.display()))
+    fn save(&self, ticket: &str) -> Result<(), StorageError> {
+        FileTicketStore::save(self, ticket)
+            .map_err(|e| StorageError(format!("{}: {e}", self.path.display())))
     }
 }
 
@@ -285,7 +339,9 @@ enum Conn {
 
 /// One trust store for every TLS connection of a client (`tls://`, `wss://`):
 /// the webpki roots, or only the pinned certificate.
-fn tls_config(pinned_pem: Option<&str>) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+fn tls_config(
+    pinned_pem: Option<&str>,
+) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, TransportError> {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::CertificateDer;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -293,13 +349,15 @@ fn tls_config(pinned_pem: Option<&str>) -> Result<Arc<tokio_rustls::rustls::Clie
     match pinned_pem {
         Some(pem) => {
             for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let c = c.map_err(|e| format!("pinned certificate: {e}"))?;
+                let c = c.map_err(|e| TransportError::PinnedCertificate(e.to_string()))?;
                 roots
                     .add(c)
-                    .map_err(|e| format!("pinned certificate: {e}"))?;
+                    .map_err(|e| TransportError::PinnedCertificate(e.to_string()))?;
             }
             if roots.is_empty() {
-                return Err("pinned certificate: no certificate in the PEM".into());
+                return Err(TransportError::PinnedCertificate(
+                    "no certificate in the PEM".into(),
+                ));
             }
         }
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -307,8 +365,7 @@ fn tls_config(pinned_pem: Option<&str>) -> Result<Arc<tokio_rustls::rustls::Clie
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .with_safe_default_protocol_versions()?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(Arc::new(config))
@@ -318,7 +375,7 @@ impl Conn {
     async fn open(
         address: &str,
         tls: &Arc<tokio_rustls::rustls::ClientConfig>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TransportError> {
         if address.starts_with("ws://") || address.starts_with("wss://") {
             let (ws, _) = tokio_tungstenite::connect_async_tls_with_config(
                 address,
@@ -326,67 +383,63 @@ impl Conn {
                 false,
                 Some(tokio_tungstenite::Connector::Rustls(tls.clone())),
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
             Ok(Self::Ws(Box::new(ws)))
         } else if let Some(hostport) = address.strip_prefix("tls://") {
             let host = hostport
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-                .ok_or_else(|| format!("{address}: tls://host:port"))?;
+                .ok_or_else(|| TransportError::Address {
+                    address: address.to_owned(),
+                    reason: "tls://host:port".into(),
+                })?;
             let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_owned())
-                .map_err(|e| format!("{address}: {e}"))?;
-            let s = TcpStream::connect(hostport)
-                .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| TransportError::Address {
+                    address: address.to_owned(),
+                    reason: e.to_string(),
+                })?;
+            let s = TcpStream::connect(hostport).await?;
             let _ = s.set_nodelay(true);
             let s = tokio_rustls::TlsConnector::from(tls.clone())
                 .connect(name, s)
                 .await
-                .map_err(|e| format!("TLS: {e}"))?;
+                .map_err(|e| TransportError::Tls(Arc::new(e)))?;
             Ok(Self::Tls(Box::new(s)))
         } else {
-            let s = TcpStream::connect(address)
-                .await
-                .map_err(|e| e.to_string())?;
+            let s = TcpStream::connect(address).await?;
             let _ = s.set_nodelay(true);
             Ok(Self::Tcp(s))
         }
     }
 
-    async fn send(&mut self, b: Bytes) -> Result<(), String> {
+    async fn send(&mut self, b: Bytes) -> Result<(), TransportError> {
         match self {
-            Self::Tcp(s) => s.write_all(&b).await.map_err(|e| e.to_string()),
+            Self::Tcp(s) => Ok(s.write_all(&b).await?),
             Self::Tls(s) => {
-                s.write_all(&b).await.map_err(|e| e.to_string())?;
-                s.flush().await.map_err(|e| e.to_string())
+                s.write_all(&b).await?;
+                Ok(s.flush().await?)
             }
-            Self::Ws(ws) => ws
-                .send(WsMessage::Binary(b))
-                .await
-                .map_err(|e| e.to_string()),
+            Self::Ws(ws) => Ok(ws.send(WsMessage::Binary(b)).await?),
         }
     }
 
     /// Cancel-safe: `Ok(None)` is a clean end of stream.
-    async fn recv(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>, String> {
+    async fn recv(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>, TransportError> {
         match self {
-            Self::Tcp(s) => match s.read(buf).await {
-                Ok(0) => Ok(None),
-                Ok(n) => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
-                Err(e) => Err(e.to_string()),
+            Self::Tcp(s) => match s.read(buf).await? {
+                0 => Ok(None),
+                n => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
             },
-            Self::Tls(s) => match s.read(buf).await {
-                Ok(0) => Ok(None),
-                Ok(n) => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
-                Err(e) => Err(e.to_string()),
+            Self::Tls(s) => match s.read(buf).await? {
+                0 => Ok(None),
+                n => Ok(Some(Bytes::copy_from_slice(&buf[..n]))),
             },
             Self::Ws(ws) => loop {
                 match ws.next().await {
                     None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
                     Some(Ok(WsMessage::Binary(b))) => return Ok(Some(b)),
                     Some(Ok(_)) => continue,
-                    Some(Err(e)) => return Err(e.to_string()),
+                    Some(Err(e)) => return Err(e.into()),
                 }
             },
         }
@@ -411,20 +464,13 @@ impl Conn {
 async fn fetch_servers(
     url: &str,
     tls: Option<&Arc<tokio_rustls::rustls::ClientConfig>>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, TransportError> {
     let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(3));
     if let Some(t) = tls {
         builder = builder.use_preconfigured_tls((**t).clone());
     }
-    let client = builder.build().map_err(|e| e.to_string())?;
-    let text = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
+    let client = builder.build()?;
+    let text = client.get(url).send().await?.text().await?;
     Ok(parse_server_list(&text))
 }
 
@@ -448,10 +494,11 @@ async fn sleep_opt(t: Option<Instant>) {
     }
 }
 
-type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, String>> + Send>>;
+type Pending<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, TransportError>> + Send>>;
 
 /// Polls an optional future: pending while there is none.
-async fn poll_opt<T>(f: &mut Option<Pending<T>>) -> Result<T, String> {
+async fn poll_opt<T>(f: &mut Option<Pending<T>>) -> Result<T, TransportError> {
     match f {
         Some(f) => f.await,
         None => std::future::pending().await,
@@ -491,8 +538,8 @@ async fn run(
 ) {
     // Events the app has not taken yet (see EVENT_CAPACITY).
     let mut backlog: std::collections::VecDeque<SessionEvent> = std::collections::VecDeque::new();
-    let storage_error = |e: String| SessionEvent::Error {
-        error: SessionError::Storage(e),
+    let storage_error = |e: StorageError| SessionEvent::Error {
+        error: SessionError::Storage(e.0),
     };
     let ticket = match options.ticket_store.as_ref().map(|s| s.load()) {
         Some(Ok(t)) => t,
@@ -543,9 +590,9 @@ async fn run(
                     // a `close()`) for longer than this.
                     if let Some(c) = &mut conn {
                         let sent = tokio::time::timeout(SEND_TIMEOUT, c.send(b)).await;
-                        if let Err(e) = sent.unwrap_or_else(|_| Err("write timed out".into())) {
+                        if let Err(e) = sent.unwrap_or(Err(TransportError::WriteTimeout)) {
                             conn = None;
-                            session.handle_closed(&e, Instant::now());
+                            session.handle_closed(&e.to_string(), Instant::now());
                         }
                     }
                 }
@@ -636,12 +683,15 @@ async fn run(
                 opening = None;
                 match r {
                     Ok(c) => { conn = Some(c); session.handle_opened(Instant::now()); }
-                    Err(e) => session.handle_open_failed(&e, Instant::now()),
+                    Err(e) => session.handle_open_failed(&e.to_string(), Instant::now()),
                 }
             }
             r = poll_opt(&mut fetching) => {
                 fetching = None;
-                session.handle_servers(r, Instant::now());
+                match r {
+                    Ok(list) => session.handle_servers(list, Instant::now()),
+                    Err(e) => session.handle_servers_failed(&e.to_string(), Instant::now()),
+                }
             }
             r = async {
                 match &mut conn {
@@ -651,7 +701,7 @@ async fn run(
             }, if reading => match r {
                 Ok(Some(b)) => session.handle_input(&b, Instant::now()),
                 Ok(None) => { conn = None; session.handle_closed("closed by the server", Instant::now()); }
-                Err(e) => { conn = None; session.handle_closed(&e, Instant::now()); }
+                Err(e) => { conn = None; session.handle_closed(&e.to_string(), Instant::now()); }
             },
             _ = sleep_opt(session.poll_timeout()) => session.handle_timeout(Instant::now()),
         }

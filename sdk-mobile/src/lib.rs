@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use mpush_protocol::crypto::RsaPublic;
 use mpush_protocol::session::{AckMode, DeviceInfo};
-use mpush_sdk_core::native::{Client, ClientHandle, ClientOptions, TicketStore};
+use mpush_sdk_core::native::{Client, ClientHandle, ClientOptions, StorageError, TicketStore};
 use mpush_sdk_core::{SessionConfig, SessionError, SessionEvent, SessionState};
 use tokio::runtime::Runtime;
 
@@ -307,15 +307,17 @@ impl SessionStore for MemorySessionStore {
 struct StoreAdapter(Arc<dyn SessionStore>);
 
 impl TicketStore for StoreAdapter {
-    fn load(&self) -> Result<Option<String>, String> {
+    fn load(&self) -> Result<Option<String>, StorageError> {
         self.0
             .load()
             .map(|t| t.filter(|t| !t.is_empty()))
-            .map_err(|e| e.to_string())
+            .map_err(|e| StorageError(e.to_string()))
     }
 
-    fn save(&self, ticket: &str) -> Result<(), String> {
-        self.0.save(ticket.to_owned()).map_err(|e| e.to_string())
+    fn save(&self, ticket: &str) -> Result<(), StorageError> {
+        self.0
+            .save(ticket.to_owned())
+            .map_err(|e| StorageError(e.to_string()))
     }
 }
 
@@ -636,7 +638,7 @@ pub fn check_vector(json: String) -> Result<String, PushError> {
             reason: format!("not JSON: {e}"),
         })?;
     mpush_protocol::conformance::check_vector(&v)
-        .map_err(|reason| PushError::InvalidInput { reason })
+        .map_err(|e| PushError::InvalidInput { reason: e.0 })
 }
 
 /// The SDK's version.

@@ -231,11 +231,10 @@ impl Core {
     /// The allocator's answer to `fetch`: its text, or why it failed.
     pub fn servers(&mut self, text: Option<String>, error: Option<String>) {
         if let Some(s) = &mut self.session {
-            let result = match text {
-                Some(t) => Ok(parse_server_list(&t)),
-                None => Err(error.unwrap_or_default()),
-            };
-            s.handle_servers(result, Instant::now());
+            match text {
+                Some(t) => s.handle_servers(parse_server_list(&t), Instant::now()),
+                None => s.handle_servers_failed(&error.unwrap_or_default(), Instant::now()),
+            }
         }
     }
 
@@ -420,7 +419,7 @@ impl Core {
 pub fn check_vector(json: &str) -> Result<String, JsError> {
     let v: serde_json::Value =
         serde_json::from_str(json).map_err(|e| JsError::new(&format!("not JSON: {e}")))?;
-    mpush_protocol::conformance::check_vector(&v).map_err(|e| JsError::new(&e))
+    mpush_protocol::conformance::check_vector(&v).map_err(|e| JsError::new(&e.0))
 }
 
 /// One error of every kind, as this SDK raises them (an `Error` with the

@@ -228,19 +228,26 @@ impl Session {
 
     // ----- driver inputs -------------------------------------------------
 
-    pub fn handle_servers(&mut self, result: Result<Vec<String>, String>, now: Instant) {
+    /// The allocator's list (`Action::FetchServers`), parsed with
+    /// [`parse_server_list`].
+    pub fn handle_servers(&mut self, list: Vec<String>, now: Instant) {
         if !matches!(self.link, Link::Fetching) {
             return;
         }
-        match result {
-            Ok(list) if !list.is_empty() => {
-                self.servers = list;
-                self.next_server = 0;
-                self.tried = 0;
-                self.open_next(now);
-            }
-            Ok(_) => self.retry_later(now, "the allocator listed no server".into()),
-            Err(e) => self.retry_later(now, format!("allocator: {e}")),
+        if list.is_empty() {
+            self.retry_later(now, "the allocator listed no server".into());
+        } else {
+            self.servers = list;
+            self.next_server = 0;
+            self.tried = 0;
+            self.open_next(now);
+        }
+    }
+
+    /// The allocator could not be asked: why.
+    pub fn handle_servers_failed(&mut self, reason: &str, now: Instant) {
+        if matches!(self.link, Link::Fetching) {
+            self.retry_later(now, format!("allocator: {reason}"));
         }
     }
 
