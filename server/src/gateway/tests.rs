@@ -328,6 +328,14 @@ fn connect(logic: &Arc<Fake>) -> (Client, tokio::task::JoinHandle<()>) {
     (client, task)
 }
 
+/// The connection's task ends within the wait, without a panic.
+async fn ended(task: tokio::task::JoinHandle<()>) {
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+}
+
 fn push(trace: &str, content: &str) -> OutboundPush {
     OutboundPush {
         message_id: 0,
@@ -386,10 +394,7 @@ async fn a_bound_connection_writes_a_push_and_settles_its_ack() {
     // The client goes: the driver unbinds, settles nothing left, and
     // closes its count.
     drop(client);
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("ends")
-        .expect("no panic");
+    ended(task).await;
     let calls = logic.calls();
     assert!(
         calls.contains(&"closed with 0 unacked".to_owned()),
@@ -416,10 +421,7 @@ async fn a_refused_bind_is_mpush_s_bind_error_and_nothing_is_registered() {
     };
     assert_eq!(reason, "bind failed");
     drop(client);
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("ends")
-        .expect("no panic");
+    ended(task).await;
     let calls = logic.calls();
     assert!(
         !calls
@@ -482,10 +484,7 @@ async fn an_up_push_the_logic_calls_abuse_closes_the_connection() {
             other => panic!("{other:?}"),
         }
     }
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("ends")
-        .expect("no panic");
+    ended(task).await;
     assert!(logic.calls().contains(&"up_push eve spam".to_owned()));
 }
 
@@ -506,9 +505,6 @@ async fn a_drain_redirects_the_client_then_closes() {
     assert_eq!(r.address, "10.0.0.2:3000");
     assert!(logic.calls().contains(&"redirect Tcp".to_owned()));
     // Nothing in flight: the driver closes without waiting for the drain timeout.
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("ends")
-        .expect("no panic");
+    ended(task).await;
     assert!(logic.calls().contains(&"unbind carol".to_owned()));
 }

@@ -53,7 +53,8 @@ pub struct Stores {
 
 /// The logic layer, composed: the node's state, the sessions service, the
 /// upstream service, and delivery (its router, stores, tracer and flow
-/// control), which the use cases in `delivery.rs` and `send.rs` run on.
+/// control: `delivery/` and `send.rs`), and the use cases across them (the
+/// drain here, recovery in `recovery.rs`, `cluster::Delivery` below).
 /// Each service has its own slice of the settings; `lib.rs::start` builds
 /// one `Hub` and hands the gateway and the API their views of it.
 pub struct Hub {
@@ -66,6 +67,7 @@ pub struct Hub {
     sessions: Sessions,
     upstream: Upstream,
     delivery: Arc<DeliveryService>,
+    recovery: recovery::Recovery,
 }
 
 impl Hub {
@@ -197,6 +199,7 @@ impl Hub {
             cluster,
             node,
             delivery,
+            recovery: recovery::Recovery::default(),
         });
         hub.spawn_background();
         hub

@@ -1,6 +1,6 @@
 //! The node's own state: its connection count, the drain, where drained
 //! clients go, the shutdown signal every connection watches, Redis health
-//! for readiness, and the flags of a recovery after Redis came back. It
+//! for readiness. It
 //! knows the cluster (to ask Redis and to leave) but no delivery.
 
 use std::net::SocketAddr;
@@ -76,9 +76,6 @@ pub struct Node {
     redirect: RwLock<Option<NodeInfo>>,
     /// The last Redis health check, for `ready`.
     redis_health: Mutex<Option<(Instant, Result<(), NotReady>)>>,
-    /// A recovery after Redis came back is running / is wanted (again).
-    pub(super) recovering: AtomicBool,
-    pub(super) recover_wanted: AtomicBool,
 }
 
 impl Node {
@@ -97,8 +94,6 @@ impl Node {
             shutdown: watch::channel(false).0,
             redirect: RwLock::new(None),
             redis_health: Mutex::new(None),
-            recovering: AtomicBool::new(false),
-            recover_wanted: AtomicBool::new(false),
         }
     }
 

@@ -2,10 +2,38 @@
 //! back into Redis, then what was kept for its users while it was not
 //! listening is handed over. A use case over the node's state and delivery.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Hub;
+
+/// One recovery at a time, and none lost: a call while one runs makes it
+/// run once more at its end.
+#[derive(Default)]
+pub(super) struct Recovery {
+    running: AtomicBool,
+    wanted: AtomicBool,
+}
+
+impl Recovery {
+    /// Asks for a recovery; true when the caller is to run it.
+    fn start(&self) -> bool {
+        self.wanted.store(true, Ordering::SeqCst);
+        !self.running.swap(true, Ordering::SeqCst)
+    }
+
+    /// Takes the request to run (again).
+    fn take(&self) -> bool {
+        self.wanted.swap(false, Ordering::SeqCst)
+    }
+
+    /// The runner stops; true when a call came after its last `take` and
+    /// found it running, so it must run on.
+    fn stop(&self) -> bool {
+        self.running.store(false, Ordering::SeqCst);
+        self.wanted.load(Ordering::SeqCst) && !self.running.swap(true, Ordering::SeqCst)
+    }
+}
 
 impl Hub {
     /// Redis came back (the pub/sub connection's return, a registration
@@ -19,21 +47,15 @@ impl Hub {
         if self.cluster.is_none() {
             return;
         }
-        self.node.recover_wanted.store(true, Ordering::SeqCst);
-        if self.node.recovering.swap(true, Ordering::SeqCst) {
+        if !self.recovery.start() {
             return;
         }
         loop {
-            while self.node.recover_wanted.swap(false, Ordering::SeqCst) && !self.node.is_draining()
-            {
+            while self.recovery.take() && !self.node.is_draining() {
                 self.reassert().await;
                 self.sweep_until_done().await;
             }
-            self.node.recovering.store(false, Ordering::SeqCst);
-            // A call that came after the last check and found it running.
-            if !self.node.recover_wanted.load(Ordering::SeqCst)
-                || self.node.recovering.swap(true, Ordering::SeqCst)
-            {
+            if !self.recovery.stop() {
                 break;
             }
         }

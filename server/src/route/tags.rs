@@ -21,18 +21,6 @@ impl Tags {
         self.0.as_deref().unwrap_or("")
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    /// The tags one by one (split at commas, blanks dropped).
-    pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.as_str()
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-    }
-
     /// mpush's `TagsCondition`: the connection is selected when any of
     /// `wanted` occurs in its tags' string (a substring match, as mpush
     /// 0.8.1 does, so that deployed backends select the same devices).
@@ -49,14 +37,13 @@ mod tests {
     #[test]
     fn tags_read_as_mpush_reads_them() {
         let t = Tags::new("vip, beta,,android-12");
-        assert_eq!(t.iter().collect::<Vec<_>>(), ["vip", "beta", "android-12"]);
         assert_eq!(t.as_str(), "vip, beta,,android-12");
         // mpush's rule: a substring of the string.
         assert!(t.match_any(&["beta".into()]));
         assert!(t.match_any(&["android".into()]));
         assert!(!t.match_any(&["ios".into()]));
         let none = Tags::default();
-        assert!(none.is_empty() && none.iter().next().is_none());
+        assert_eq!(none.as_str(), "");
         assert!(!none.match_any(&["vip".into()]));
         assert_eq!(Tags::new(""), none);
     }

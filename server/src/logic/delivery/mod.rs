@@ -214,10 +214,6 @@ impl DeliveryService {
         &self.topics
     }
 
-    pub fn router(&self) -> &Arc<Router> {
-        &self.router
-    }
-
     /// Delivers one message to one user.
     pub async fn push_user(
         &self,
