@@ -15,7 +15,7 @@
 // The slots of the two positional values this driver and the core exchange:
 // `configure`'s numbers and the items `poll` returns (plain arrays: the least
 // glue across the boundary). The core's side is sdk-wasm/src/layout.rs;
-// tests/node/layout.mjs checks every name and position here against the enums
+// tests/node/smoke.mjs checks every name and position here against the enums
 // the self-test module exports from it (NumberSlot::HeartbeatMs is
 // NUMBER_SLOT_HEARTBEAT_MS). The bundler turns the names into short ones.
 export const NUMBER_SLOT_HEARTBEAT_MS = 0;

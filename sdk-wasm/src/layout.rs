@@ -5,7 +5,7 @@
 //! package has a size budget), but no side writes a bare position: both name
 //! each slot. The driver's names are in `js/layout.js`; the self-test module
 //! (`mpush-sdk/conformance`) exports these enums, and the Node test
-//! (`tests/node/layout.mjs`) fails when the two disagree.
+//! (`tests/node/smoke.mjs`) fails when the two disagree.
 
 #[cfg(feature = "conformance")]
 use wasm_bindgen::prelude::wasm_bindgen;

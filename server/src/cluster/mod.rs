@@ -25,6 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use mpush_protocol::message::v2;
+use mpush_protocol::session::ClientType;
 use parking_lot::Mutex;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -85,6 +86,16 @@ pub struct BroadcastMsg {
     /// each node reports its own aggregate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<String>,
+}
+
+impl BroadcastMsg {
+    /// The client type it is for, read from mpush's integer: none is every
+    /// type; a code this node does not know selects only devices of an
+    /// unknown type (as stored messages read back), never every device.
+    pub fn only_type(&self) -> Option<ClientType> {
+        self.client_type
+            .map(|c| ClientType::from_code(c).unwrap_or_default())
+    }
 }
 
 /// A kick, as published on `mp:kick:<node>`.
@@ -560,4 +571,28 @@ fn dispatch(d: Arc<dyn Delivery>, channel: &str, payload: &str) {
 fn malformed(channel: &str, e: &serde_json::Error) {
     metrics::counter!("mpush_cluster_malformed_total").increment(1);
     warn!(channel, error = %e, "malformed cluster message dropped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broadcast_s_client_type_reads_as_mpush_s_integer() {
+        let msg = |client_type| BroadcastMsg {
+            trace_id: "t".into(),
+            content: Vec::new(),
+            ack_mode: 0,
+            client_type,
+            tags: Vec::new(),
+            condition: None,
+            message_id: 1,
+            callback: None,
+        };
+        assert_eq!(msg(None).only_type(), None);
+        assert_eq!(msg(Some(3)).only_type(), Some(ClientType::Web));
+        // Never widened to every device.
+        assert_eq!(msg(Some(7)).only_type(), Some(ClientType::Unknown));
+        assert_eq!(msg(Some(0)).only_type(), Some(ClientType::Unknown));
+    }
 }

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use mpush_protocol::ack::RetryPolicy;
 use mpush_protocol::message::v2;
 use mpush_protocol::server::ServerConfig;
-use mpush_protocol::session::{AckMode, ClientType};
+use mpush_protocol::session::AckMode;
 
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, Cluster, Delivery, KickMsg};
@@ -342,10 +342,11 @@ impl Delivery for Hub {
     }
 
     async fn broadcast(&self, msg: BroadcastMsg) {
+        let client_type = msg.only_type();
         let spec = MessageSpec {
             content: Bytes::from(msg.content),
             ack_mode: AckMode::from_v2(msg.ack_mode),
-            client_type: msg.client_type.and_then(ClientType::from_code),
+            client_type,
             ttl_secs: 0,
             ack_timeout: None,
             callback: msg
