@@ -252,6 +252,37 @@ async fn queries_answer_from_the_service() {
     assert_eq!((status, &answer["kicked"]), (StatusCode::OK, &json!(2)));
 }
 
+/// `/exec` declares `Idempotency-Key` for every method: a malformed one is
+/// a 400 even for a read (schemathesis found a `queryTrace` that took it).
+#[tokio::test]
+async fn exec_refuses_a_malformed_idempotency_key_whatever_the_method() {
+    let fake = Arc::new(Fake::default());
+    for (body, clean) in [
+        ("method=queryTrace&traceId=t-1", StatusCode::NOT_FOUND),
+        ("method=push&userId=a&msgbody=x", StatusCode::OK),
+    ] {
+        let req = |key: Option<&str>| {
+            let mut r = Request::post("/exec")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(Body::from(body))
+                .expect("request");
+            if let Some(k) = key {
+                r.headers_mut()
+                    .insert("idempotency-key", k.parse().expect("header"));
+            }
+            r
+        };
+        let (status, answer) = call(&fake, settings(), LOCAL, req(Some("bad key"))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let (status, answer) = call(&fake, settings(), LOCAL, req(Some("key-1"))).await;
+        assert_eq!(status, clean, "{body}: {answer}");
+    }
+    // Only the well-formed push reached the service, with its key.
+    let sent = fake.sent.lock();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].idempotency_key.as_deref(), Some("key-1"));
+}
+
 #[tokio::test]
 async fn without_a_token_only_loopback_is_served_and_with_one_only_its_bearer() {
     let fake = Arc::new(Fake::default());
