@@ -27,6 +27,7 @@ pub struct Settings {
     pub cluster: Cluster,
     pub sinks: Sinks,
     pub tls: TlsSettings,
+    pub http_proxy: HttpProxy,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -366,6 +367,56 @@ impl Default for Sinks {
     }
 }
 
+/// mpush's HTTP proxy over the long connection (`mp.http`): a client's
+/// HTTP_PROXY request is forwarded to a backend named in `dns_mapping` and
+/// the response sent back on the connection. Off by default. Unlike mpush,
+/// the mapping is an allow-list: a host not in it is refused (403), nothing
+/// in the request chooses an address, and redirects are returned to the
+/// client rather than followed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpProxy {
+    /// mpush's `proxy-enabled`.
+    pub enabled: bool,
+    /// mpush's `dns-mapping`: a request's host (without its port) to the
+    /// backends that serve it, `ip:port` (plain HTTP, as in mpush) or an
+    /// `http://` / `https://` base (scheme and authority only); taken in turn.
+    pub dns_mapping: std::collections::BTreeMap<String, Vec<String>>,
+    /// mpush's `default-read-timeout` (10 s): a request's whole exchange,
+    /// unless its `readTimeout` header asks for less, or for more up to
+    /// `max_read_timeout_ms`. Past it the client gets 408.
+    pub default_read_timeout_ms: u64,
+    pub max_read_timeout_ms: u64,
+    /// Largest request body forwarded (413 over it) and largest response
+    /// body returned (mpush's `max-content-length`, 5 MiB; 502 over it).
+    pub max_request_body: usize,
+    pub max_response_body: usize,
+    /// Requests in flight at once: per connection, per user (on this node)
+    /// and on this node; over any, the client gets 429 (503 for the node's).
+    pub max_in_flight_per_conn: usize,
+    pub max_in_flight_per_user: usize,
+    pub max_in_flight: usize,
+    /// mpush's `max-conn-per-host`: idle connections kept per backend.
+    pub max_conn_per_host: usize,
+}
+
+impl Default for HttpProxy {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            dns_mapping: Default::default(),
+            default_read_timeout_ms: 10_000,
+            max_read_timeout_ms: 30_000,
+            max_request_body: 64 << 10,
+            max_response_body: 5 << 20,
+            max_in_flight_per_conn: 8,
+            max_in_flight_per_user: 32,
+            max_in_flight: 1024,
+            max_conn_per_host: 5,
+        }
+    }
+}
+
 /// Which events a sink takes.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
@@ -690,6 +741,7 @@ impl Settings {
             }
         }
         validate_sinks(&self.sinks, !c.redis.is_empty())?;
+        validate_http_proxy(&self.http_proxy)?;
         if l.up_push_rate_per_conn == 0
             || l.up_push_burst_per_conn == 0
             || l.up_push_rate_per_user == 0
@@ -867,6 +919,55 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
     crate::tls::Tls::new(Path::new(&t.cert_file), Path::new(&t.key_file))
         .map(Some)
         .map_err(|e| invalid("tls.cert_file", e))
+}
+
+fn validate_http_proxy(p: &HttpProxy) -> Result<(), ConfigError> {
+    if !p.enabled {
+        return Ok(());
+    }
+    if p.dns_mapping.is_empty() {
+        return Err(invalid(
+            "http_proxy.dns_mapping",
+            "names no host: with the proxy on, only mapped hosts are reachable",
+        ));
+    }
+    for (host, targets) in &p.dns_mapping {
+        if host.is_empty() || host.contains([':', '/', '@']) {
+            return Err(invalid(
+                "http_proxy.dns_mapping",
+                format!("`{host}` is not a host name (no port, no scheme)"),
+            ));
+        }
+        if targets.is_empty() {
+            return Err(invalid(
+                "http_proxy.dns_mapping",
+                format!("`{host}` has no backend"),
+            ));
+        }
+        for t in targets {
+            if let Err(e) = crate::proxy::Backend::parse(t) {
+                return Err(invalid("http_proxy.dns_mapping", format!("`{host}`: {e}")));
+            }
+        }
+    }
+    if p.default_read_timeout_ms == 0 || p.max_read_timeout_ms < p.default_read_timeout_ms {
+        return Err(invalid(
+            "http_proxy.default_read_timeout_ms",
+            "must be at least 1 and at most max_read_timeout_ms",
+        ));
+    }
+    if p.max_in_flight_per_conn == 0
+        || p.max_in_flight_per_user == 0
+        || p.max_in_flight == 0
+        || p.max_conn_per_host == 0
+        || p.max_response_body == 0
+    {
+        return Err(invalid(
+            "http_proxy.max_*",
+            "the in-flight limits, max_conn_per_host and max_response_body must be at least 1",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_sinks(s: &Sinks, clustered: bool) -> Result<(), ConfigError> {

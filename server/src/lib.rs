@@ -17,6 +17,7 @@ pub mod forwarded;
 pub mod gateway;
 mod json_u64;
 pub mod logic;
+pub mod proxy;
 pub mod redact;
 pub mod redis_conn;
 pub mod route;

@@ -344,6 +344,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Kept-alive HTTP connections closed when idle",
     ),
     (
+        "mpush_http_proxy_requests_total",
+        Counter,
+        Unit::Count,
+        "HTTP_PROXY requests by outcome: forwarded, unmapped, bad_request, too_large, response_too_large, timeout, backend_error, conn_limit, user_limit, busy",
+    ),
+    (
+        "mpush_http_proxy_duration_seconds",
+        Histogram,
+        Unit::Seconds,
+        "Time from an HTTP_PROXY request to its answer (the backend's, or the proxy's refusal)",
+    ),
+    (
         "mpush_up_pushes_total",
         Counter,
         Unit::Count,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use mpush_protocol::Instant;
 use mpush_protocol::json_server::JsonServerConnection;
 use mpush_protocol::machine::{Input, ServerMachine, Transmit};
+use mpush_protocol::message::{HttpRequest, HttpResponse};
 use mpush_protocol::server::{
     Answer, BindRefusal, CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent,
     UpPushRefusal,
@@ -23,7 +24,13 @@ use super::transport::{Incoming, Transport};
 use super::{Gateway, Logic};
 use crate::clock::{seed, unix_ms};
 use crate::logic::{Lifecycle, Outcome, UpPushStrikes};
+use crate::proxy::Caller;
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
+
+type Proxied = (
+    tokio::sync::mpsc::UnboundedSender<(i32, HttpResponse)>,
+    tokio::sync::mpsc::UnboundedReceiver<(i32, HttpResponse)>,
+);
 
 struct Driver<T: Transport, L: Logic> {
     gw: Arc<Gateway<L>>,
@@ -45,6 +52,11 @@ struct Driver<T: Transport, L: Logic> {
     /// Up-pushes refused for this connection's or user's rate in a row.
     strikes: UpPushStrikes,
     accepted: Instant,
+    /// HTTP_PROXY requests under way on tasks of their own, and where their
+    /// responses come back (made at the first request: most connections
+    /// never use the proxy).
+    proxied: Option<Proxied>,
+    proxy_in_flight: usize,
     /// This connection's place in its address's count; freed with the driver.
     _slot: IpSlot,
 }
@@ -82,6 +94,8 @@ pub async fn serve<T: Transport, L: Logic>(
         draining: false,
         strikes: UpPushStrikes::default(),
         accepted: now,
+        proxied: None,
+        proxy_in_flight: 0,
         _slot: slot,
     };
     // A span per connection (DEBUG: an idle connection costs nothing for it
@@ -117,6 +131,11 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             tokio::select! {
                 _ = shutdown.changed(), if !self.draining => self.drain(),
                 c = self.tx.recv() => self.command(c),
+                r = proxied(&mut self.proxied), if self.proxy_in_flight > 0 => {
+                    self.proxy_in_flight -= 1;
+                    let (request, response) = r;
+                    self.machine.handle_answer(Answer::Http { request, response }, Instant::now());
+                }
                 inc = self.transport.recv() => match inc {
                     Ok(Incoming::Data(b)) => {
                         first_frame = false;
@@ -431,8 +450,48 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 }
                 self.settle(Outcome::Closed(unacked)).await;
             }
+            ServerEvent::HttpProxy { request, http } => self.http_proxy(request, http),
             _ => {}
         }
+    }
+
+    /// Runs a proxied request on a task of its own (the connection goes on
+    /// meanwhile); its response comes back through `proxied`. Over the
+    /// connection's in-flight limit the client gets 429 at once.
+    fn http_proxy(&mut self, request: i32, http: HttpRequest) {
+        let logic = &self.gw.logic;
+        if self.proxy_in_flight >= logic.http_proxy_per_conn() {
+            metrics::counter!("mpush_http_proxy_requests_total", "outcome" => "conn_limit")
+                .increment(1);
+            let response = crate::proxy::refusal(
+                429,
+                "too many proxied requests in flight on this connection",
+            );
+            self.machine
+                .handle_answer(Answer::Http { request, response }, Instant::now());
+            return;
+        }
+        let caller = Caller {
+            peer: self.peer,
+            user: self.user.clone(),
+            device: self.info.as_ref().map(|i| i.device_id.clone()),
+        };
+        let work = logic.http_proxy(caller, http);
+        let tx = self
+            .proxied
+            .get_or_insert_with(tokio::sync::mpsc::unbounded_channel)
+            .0
+            .clone();
+        self.proxy_in_flight += 1;
+        tokio::spawn(async move {
+            // A connection that closed meanwhile stops its requests.
+            tokio::select! {
+                response = work => {
+                    let _ = tx.send((request, response));
+                }
+                _ = tx.closed() => {}
+            }
+        });
     }
 
     /// Settles what became of this connection's pushes (once it is bound);
@@ -528,6 +587,18 @@ fn close_reason(r: &CloseReason) -> String {
         CloseReason::UnsupportedCommand(c) => format!("unsupported command {}", c.0),
         CloseReason::Refused(why) => format!("refused: {why}"),
         other => format!("{other:?}"),
+    }
+}
+
+/// The next proxied response (pending while none can come).
+async fn proxied(p: &mut Option<Proxied>) -> (i32, HttpResponse) {
+    match p {
+        // The driver holds a sender: the channel never ends.
+        Some((_, rx)) => match rx.recv().await {
+            Some(r) => r,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -12,13 +12,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use mpush_protocol::message::Redirect;
+use mpush_protocol::message::{HttpRequest, HttpResponse, Redirect};
 use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::SessionRecord;
 use tokio::sync::watch;
 
 use crate::auth::TokenError;
 use crate::logic::{Hub, Lifecycle, Outcome, Settling, UpPushOutcome, UpPushStrikes};
+use crate::proxy::Caller;
 use crate::route::{ConnInfo, ConnQueue, Transport};
 
 /// What a connection asks of the logic layer.
@@ -90,6 +91,19 @@ pub trait Logic: Send + Sync + 'static {
     /// Some sink takes lifecycle events (so the caller builds them).
     fn wants_lifecycle(&self) -> bool;
     fn lifecycle(&self, kind: Lifecycle, user: &str, info: &ConnInfo, reason: Option<&str>);
+
+    // ----- mpush's HTTP proxy -----------------------------------------
+
+    /// Requests one connection may have in flight through the proxy.
+    fn http_proxy_per_conn(&self) -> usize;
+    /// Forwards a client's HTTP_PROXY request; the response for the client,
+    /// whatever happened. Owned (`'static`): the connection runs it on a
+    /// task of its own and goes on serving meanwhile.
+    fn http_proxy(
+        &self,
+        caller: Caller,
+        request: HttpRequest,
+    ) -> impl Future<Output = HttpResponse> + Send + 'static;
 }
 
 impl Logic for Hub {
@@ -181,5 +195,24 @@ impl Logic for Hub {
 
     fn lifecycle(&self, kind: Lifecycle, user: &str, info: &ConnInfo, reason: Option<&str>) {
         self.upstream().lifecycle(kind, user, info, reason);
+    }
+
+    fn http_proxy_per_conn(&self) -> usize {
+        self.upstream().proxy().map_or(0, |p| p.per_conn())
+    }
+
+    fn http_proxy(
+        &self,
+        caller: Caller,
+        request: HttpRequest,
+    ) -> impl Future<Output = HttpResponse> + Send + 'static {
+        let proxy = self.upstream().proxy().cloned();
+        async move {
+            match proxy {
+                Some(p) => p.forward(caller, request).await,
+                // The machine refuses HTTP_PROXY when the proxy is off.
+                None => crate::proxy::refusal(501, "the HTTP proxy is off"),
+            }
+        }
     }
 }

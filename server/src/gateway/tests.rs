@@ -12,7 +12,7 @@ use bytes::Bytes;
 use mpush_protocol::Instant;
 use mpush_protocol::client::{ClientCloseReason, ClientConfig, ClientConnection, ClientEvent};
 use mpush_protocol::dedup::DedupWindow;
-use mpush_protocol::message::Redirect;
+use mpush_protocol::message::{HttpRequest, HttpResponse, Redirect};
 use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::{AckMode, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
@@ -42,6 +42,8 @@ struct Fake {
     calls: Mutex<Vec<String>>,
     /// The queue of the last connection that bound.
     bound: Mutex<Option<Arc<ConnQueue>>>,
+    /// Proxied requests wait for a permit here, then echo their URI.
+    proxy_gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl Fake {
@@ -56,6 +58,7 @@ impl Fake {
             sessions: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
             bound: Mutex::new(None),
+            proxy_gate: Arc::new(tokio::sync::Semaphore::new(0)),
         })
     }
 
@@ -207,6 +210,32 @@ impl Logic for Fake {
     fn lifecycle(&self, kind: Lifecycle, user: &str, _: &ConnInfo, _: Option<&str>) {
         self.call(format!("lifecycle {kind:?} {user}"));
     }
+
+    fn http_proxy_per_conn(&self) -> usize {
+        2
+    }
+
+    fn http_proxy(
+        &self,
+        caller: crate::proxy::Caller,
+        request: HttpRequest,
+    ) -> impl Future<Output = HttpResponse> + Send + 'static {
+        self.call(format!(
+            "http_proxy {} as {}",
+            request.uri,
+            caller.user.as_deref().unwrap_or("-")
+        ));
+        let gate = self.proxy_gate.clone();
+        async move {
+            let _ = gate.acquire().await.map(|p| p.forget());
+            HttpResponse {
+                status_code: 200,
+                reason_phrase: "OK".into(),
+                headers: String::new(),
+                body: request.uri.into_bytes(),
+            }
+        }
+    }
 }
 
 /// An in-memory byte pipe: what the client writes arrives as `Data`; the
@@ -299,9 +328,9 @@ fn connect(logic: &Arc<Fake>) -> (Client, tokio::task::JoinHandle<()>) {
     s.net.ws = "127.0.0.1:0".into();
     s.net.http = "127.0.0.1:0".into();
     let cfg = s.validate().expect("valid settings");
-    let proto = Arc::new(mpush_protocol::server::ServerConfig::new(
-        cfg.private_key.clone(),
-    ));
+    let mut proto = mpush_protocol::server::ServerConfig::new(cfg.private_key.clone());
+    proto.http_proxy = true;
+    let proto = Arc::new(proto);
     let gw = Gateway::new(logic.clone(), proto, &cfg);
     let (to_server, rx) = mpsc::unbounded_channel();
     let (tx, from_server) = mpsc::unbounded_channel();
@@ -507,4 +536,64 @@ async fn a_drain_redirects_the_client_then_closes() {
     // Nothing in flight: the driver closes without waiting for the drain timeout.
     ended(task).await;
     assert!(logic.calls().contains(&"unbind carol".to_owned()));
+}
+
+/// mpush's HTTP proxy: a request runs beside the connection (a push is
+/// written while two wait on their backend), the third in flight is 429 at
+/// once, and each response goes back under its own request id.
+#[tokio::test]
+async fn proxied_requests_run_beside_the_connection_within_its_limit() {
+    let logic = Fake::new();
+    let (mut client, task) = connect(&logic);
+    client.connected().await;
+    client.bind("alice").await;
+    let req = |uri: &str| HttpRequest {
+        method: mpush_protocol::message::HttpMethod::Post,
+        uri: uri.into(),
+        headers: "readTimeout:3000\n".into(),
+        body: b"a=1".to_vec(),
+    };
+    let mut ids = Vec::new();
+    for uri in ["http://api/1", "http://api/2", "http://api/3"] {
+        ids.push(
+            client
+                .machine
+                .http(&req(uri), WAIT, Instant::now())
+                .expect("connected"),
+        );
+    }
+    client.flush();
+    let e = client.next().await;
+    let ClientEvent::HttpResponse { request, response } = e else {
+        panic!("the third is refused at once: {e:?}");
+    };
+    assert_eq!((request, response.status_code), (ids[2], 429));
+    logic.called("http_proxy http://api/2 as alice").await;
+    // The connection is not held up by the two waiting on their backend.
+    send(&logic, push("t-1", "meanwhile"));
+    let e = client.next().await;
+    assert!(
+        matches!(&e, ClientEvent::Message(m) if &*m.content == b"meanwhile"),
+        "{e:?}"
+    );
+    logic.proxy_gate.add_permits(2);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        match client.next().await {
+            ClientEvent::HttpResponse { request, response } => {
+                got.push((request, response.status_code, response.body));
+            }
+            other => panic!("a response: {other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (ids[0], 200, b"http://api/1".to_vec()),
+            (ids[1], 200, b"http://api/2".to_vec())
+        ]
+    );
+    drop(client);
+    ended(task).await;
 }

@@ -193,7 +193,12 @@ impl Hub {
                 cluster.clone(),
                 stores.inbox,
             ),
-            upstream: Upstream::new(sinks, &s.limits, &node_id),
+            upstream: Upstream::new(
+                sinks,
+                &s.limits,
+                &node_id,
+                crate::proxy::HttpProxy::new(&s.http_proxy),
+            ),
             proto: Arc::new(protocol_config(&cfg)),
             route_refresh: Duration::from_secs(s.cluster.route_refresh_secs),
             cluster,
@@ -322,6 +327,7 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
     proto.session_ttl = Duration::from_secs(s.delivery.session_ttl_secs);
     proto.handshake_timeout = Duration::from_millis(s.limits.handshake_timeout_ms);
     proto.require_v2 = s.security.require_v2;
+    proto.http_proxy = s.http_proxy.enabled;
     proto.offload_rsa = true;
     proto.ack_retry = RetryPolicy {
         waits: s

@@ -65,16 +65,29 @@ pub struct Upstream {
     node_id: Arc<str>,
     /// `limits.up_push_abuse_refusals`.
     abuse_refusals: u32,
+    /// mpush's HTTP proxy, when it is on.
+    proxy: Option<Arc<crate::proxy::HttpProxy>>,
 }
 
 impl Upstream {
-    pub fn new(sinks: Arc<Sinks>, l: &Limits, node_id: &str) -> Self {
+    pub fn new(
+        sinks: Arc<Sinks>,
+        l: &Limits,
+        node_id: &str,
+        proxy: Option<Arc<crate::proxy::HttpProxy>>,
+    ) -> Self {
         Self {
             sinks,
             limits: UpLimits::new(l),
             node_id: node_id.into(),
             abuse_refusals: l.up_push_abuse_refusals,
+            proxy,
         }
+    }
+
+    /// mpush's HTTP proxy, when it is on.
+    pub fn proxy(&self) -> Option<&Arc<crate::proxy::HttpProxy>> {
+        self.proxy.as_ref()
     }
 
     pub fn sinks(&self) -> &Arc<Sinks> {

@@ -74,6 +74,7 @@ enum Cmd {
     Unbind(String),
     Ack(AckToken),
     Push(Vec<u8>),
+    Http(mpush_protocol::message::HttpRequest),
     Close,
 }
 
@@ -185,6 +186,27 @@ impl TestClient {
         let _ = self.cmds.send(Cmd::Push(content.to_vec()));
     }
 
+    /// An HTTP request through the server's proxy (`HttpResponse` follows).
+    pub fn http(&self, request: mpush_protocol::message::HttpRequest) {
+        let _ = self.cmds.send(Cmd::Http(request));
+    }
+
+    /// The next HTTP response not seen before (taken out of `seen`).
+    pub async fn http_response(&mut self) -> mpush_protocol::message::HttpResponse {
+        let e = self
+            .wait_for("an HTTP response", |e| {
+                matches!(e, ClientEvent::HttpResponse { .. })
+            })
+            .await;
+        if let Some(i) = self.seen.iter().position(|x| *x == e) {
+            self.seen.remove(i);
+        }
+        match e {
+            ClientEvent::HttpResponse { response, .. } => response,
+            _ => unreachable!("matched above"),
+        }
+    }
+
     /// Messages received so far, as text.
     pub fn messages(&self) -> Vec<String> {
         self.seen
@@ -235,6 +257,9 @@ fn apply(m: &mut ClientConnection, c: Cmd) {
                 Duration::from_secs(3),
                 now,
             );
+        }
+        Cmd::Http(r) => {
+            let _ = m.http(&r, Duration::from_secs(30), now);
         }
         Cmd::Close => m.close(),
     }
