@@ -106,7 +106,7 @@ fn mpush_request(method: HttpMethod, uri: &str, body: &[u8]) -> HttpRequest {
     }
 }
 
-fn header<'a>(r: &'a HttpResponse, name: &str) -> Option<String> {
+fn header(r: &HttpResponse, name: &str) -> Option<String> {
     parse_headers(&r.headers)
         .into_iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(name))
