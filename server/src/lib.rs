@@ -14,6 +14,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod forwarded;
+pub mod from_mpush;
 pub mod gateway;
 mod json_u64;
 pub mod logic;

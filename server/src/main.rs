@@ -89,6 +89,17 @@ enum ConfigCmd {
     /// Prints the effective settings (defaults, `--config`, environment,
     /// flags) as TOML, every secret masked.
     Print,
+    /// Reads a Java mpush `mpush.conf` (HOCON) and prints this server's
+    /// TOML; every key that does not carry over is named with the reason
+    /// (in the output, and counted on stderr). Check the result with
+    /// `config check`.
+    FromMpush {
+        file: PathBuf,
+        /// Stands for `${user.dir}` in the file (the Java process's working
+        /// directory); the current directory by default.
+        #[arg(long)]
+        user_dir: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -114,6 +125,32 @@ async fn main() -> anyhow::Result<()> {
         match Settings::load(Some(file)).and_then(Settings::validate) {
             Ok(_) => {
                 println!("{}: ok", file.display());
+                return Ok(());
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", file.display());
+                std::process::exit(1);
+            }
+        }
+    }
+    if let Some(Sub::Config {
+        command: ConfigCmd::FromMpush { file, user_dir },
+    }) = &cli.command
+    {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        let cwd = match user_dir {
+            Some(d) => d.clone(),
+            None => std::env::current_dir()?.display().to_string(),
+        };
+        match mpush_server::from_mpush::convert(&text, &cwd) {
+            Ok(c) => {
+                print!("{}", c.toml);
+                eprintln!(
+                    "{}: converted; {} key(s) not carried over (listed at the end, with the reason)",
+                    file.display(),
+                    c.unmapped.len()
+                );
                 return Ok(());
             }
             Err(e) => {

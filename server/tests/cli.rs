@@ -381,3 +381,64 @@ callback_secret = "{cbs}"
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `config from-mpush` on mpush 0.8.1's documented defaults (every key set,
+/// `tests/data/mpush-0.8.1-defaults.conf`) and on a deployed file: TOML that
+/// `config check` accepts, with every key that does not carry over named.
+#[test]
+fn from_mpush_converts_mpush_s_defaults_and_a_deployed_file() {
+    let dir = std::env::temp_dir().join(format!("mpush-from-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for (conf, must) in [
+        (
+            "mpush-0.8.1-defaults.conf",
+            &[
+                "tcp = \"0.0.0.0:3000\"",
+                "max_packet_size = 10240",
+                "min_heartbeat_ms = 180000",
+                "session_ttl_secs = 86400",
+                "push_rate = 5000",
+                "broadcast_rate = 3000",
+                "allow_published_key = true",
+                "anonymous_bind = true",
+                "mp.zk.*: none: no ZooKeeper",
+                "mp.net.gateway-server-port: none: business backends push through the HTTP API",
+            ][..],
+        ),
+        (
+            "mpush-deployed.conf",
+            &[
+                "redis = \"redis://:s3cret%3Apw@10.0.10.20:6379/0\"",
+                "ws = \"0.0.0.0:8080\"",
+                "public_address = \"111.1.32.137:3000\"",
+                "dns_mapping = { \"api.example.com\" = [\"10.0.10.30:8080\", \"10.0.10.31:8080\"] }",
+                "plaintext_sessions_at_rest = true",
+                "default_read_timeout_ms = 5000",
+            ][..],
+        ),
+    ] {
+        let (ok, toml, stderr) = out(bin()
+            .args(["config", "from-mpush", "--user-dir", "/opt/mpush"])
+            .arg(data.join(conf)));
+        assert!(ok, "{conf}: {stderr}");
+        assert!(stderr.contains("not carried over"), "{stderr}");
+        for m in must {
+            assert!(toml.contains(m), "{conf}: no `{m}` in\n{toml}");
+        }
+        let file = dir.join(conf.replace(".conf", ".toml"));
+        std::fs::write(&file, &toml).expect("write");
+        let (ok, stdout, stderr) = out(bin().args(["config", "check"]).arg(&file));
+        assert!(
+            ok,
+            "{conf}: config check refuses the conversion: {stderr}\n{toml}"
+        );
+        assert!(stdout.contains("ok"), "{stdout}");
+    }
+    // Not mpush's HOCON: a clear error naming the file, exit 1.
+    let broken = dir.join("broken.conf");
+    std::fs::write(&broken, "mp { core = ").expect("write");
+    let (ok, _, stderr) = out(bin().args(["config", "from-mpush"]).arg(&broken));
+    assert!(!ok && stderr.contains("broken.conf"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
