@@ -461,15 +461,17 @@ pub fn convert(text: &str, cwd: &str) -> Result<Conversion, FromMpushError> {
                         "several nodes in the single model: the first is used (a Sentinel set-up is redis+sentinel://)".into(),
                     ));
                 }
-                format!("redis://{}{h}:{p}/0", userinfo(pw))
+                // Database 1: mpush's nodes use 0, and the two systems must
+                // not write the same route keys (the migration guide, 5).
+                format!("redis://{}{h}:{p}/1", userinfo(pw))
             }
         };
-        out.set(
-            "cluster",
-            "redis",
-            url.into(),
-            "from mp.redis (cluster mode: routes and sessions in Redis)",
-        );
+        let note = if redis_model == "cluster" {
+            "from mp.redis (cluster mode). A Redis Cluster has one database: while Java nodes run, use another cluster (route keys would collide)"
+        } else {
+            "from mp.redis (cluster mode), database 1: Java mpush uses 0 and the two do not share routes"
+        };
+        out.set("cluster", "redis", url.into(), note);
         out.set(
             "cluster",
             "internal",
@@ -483,12 +485,6 @@ pub fn convert(text: &str, cwd: &str) -> Result<Conversion, FromMpushError> {
             "secret",
             hex::encode(secret).into(),
             "made for this file: give every node the same (peers prove it before any push is read)",
-        );
-        out.set(
-            "security",
-            "plaintext_sessions_at_rest",
-            true.into(),
-            "while Java nodes share this Redis: sessions in mpush's format (turn off after the move)",
         );
     }
     if proxy_enabled && proxy_mapping.is_empty() {

@@ -409,11 +409,10 @@ fn from_mpush_converts_mpush_s_defaults_and_a_deployed_file() {
         (
             "mpush-deployed.conf",
             &[
-                "redis = \"redis://:s3cret%3Apw@10.0.10.20:6379/0\"",
+                "redis = \"redis://:s3cret%3Apw@10.0.10.20:6379/1\"",
                 "ws = \"0.0.0.0:8080\"",
                 "public_address = \"111.1.32.137:3000\"",
                 "dns_mapping = { \"api.example.com\" = [\"10.0.10.30:8080\", \"10.0.10.31:8080\"] }",
-                "plaintext_sessions_at_rest = true",
                 "default_read_timeout_ms = 5000",
             ][..],
         ),
