@@ -1,0 +1,176 @@
+//! How the kit makes the server push: through this server's HTTP API, or
+//! through mpush's own gateway protocol (`GATEWAY_PUSH` on the gateway
+//! port, as the Java `PushSender` sends it: spec section 7.2), so the same
+//! cases run against a Java mpush node.
+
+use std::time::Duration;
+
+use mpush_protocol::message::{Body, ErrorMessage, GatewayPush};
+use mpush_protocol::packet::{Command, Decoder, Flags, Frame, Packet};
+use mpush_protocol::session::AckMode;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What the server said about a push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushed {
+    /// Handed to a connection (the HTTP API's 200; the gateway's OK). The
+    /// trace id, when the trigger has one.
+    Delivered(Option<String>),
+    /// No connection for the user (404 `offline`; ERROR code 1).
+    Offline,
+    /// Anything else, in words.
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum Trigger {
+    /// `base` is `http://host:port`; `token` a bearer token if the API wants one.
+    Api { base: String, token: Option<String> },
+    /// `host:port` of an mpush gateway (`mp.net.gateway-server-port`).
+    Gateway { addr: String },
+}
+
+impl Trigger {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Api { .. } => "api",
+            Self::Gateway { .. } => "gateway",
+        }
+    }
+
+    /// Whether delivery states can be read back (the HTTP API's traces).
+    pub fn has_traces(&self) -> bool {
+        matches!(self, Self::Api { .. })
+    }
+
+    /// Pushes `content` to `user`. `client_type` is mpush's code of the
+    /// devices meant (the gateway protocol addresses one type at a time).
+    pub async fn push(
+        &self,
+        user: &str,
+        content: &str,
+        ack: AckMode,
+        timeout: Duration,
+        client_type: i32,
+    ) -> Pushed {
+        match self {
+            Self::Api { base, token } => {
+                let mode = match ack {
+                    AckMode::None => "none",
+                    AckMode::Auto => "auto",
+                    AckMode::Biz => "biz",
+                };
+                let mut req = reqwest::Client::new()
+                    .post(format!("{base}/api/v1/push"))
+                    .timeout(Duration::from_secs(10))
+                    .json(&json!({
+                        "userId": user,
+                        "content": content,
+                        "ackMode": mode,
+                        "timeoutMs": timeout.as_millis().max(100) as u64,
+                    }));
+                if let Some(t) = token {
+                    req = req.bearer_auth(t);
+                }
+                match req.send().await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let body: serde_json::Value = r.json().await.unwrap_or_default();
+                        match status {
+                            200 => Pushed::Delivered(body["traceId"].as_str().map(str::to_owned)),
+                            404 => Pushed::Offline,
+                            s => Pushed::Failed(format!("HTTP {s}: {body}")),
+                        }
+                    }
+                    Err(e) => Pushed::Failed(e.to_string()),
+                }
+            }
+            Self::Gateway { addr } => {
+                gateway_push(addr, user, content, ack, timeout, client_type).await
+            }
+        }
+    }
+
+    /// A trace's state for `user` (the HTTP API only).
+    pub async fn trace_state(&self, trace_id: &str) -> Option<String> {
+        let Self::Api { base, token } = self else {
+            return None;
+        };
+        let mut req = reqwest::Client::new()
+            .get(format!("{base}/api/v1/traces/{trace_id}"))
+            .timeout(Duration::from_secs(5));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let v: serde_json::Value = req.send().await.ok()?.json().await.ok()?;
+        v["recipients"][0]["state"]
+            .as_str()
+            .or(v["state"].as_str())
+            .map(str::to_owned)
+    }
+}
+
+async fn gateway_push(
+    addr: &str,
+    user: &str,
+    content: &str,
+    ack: AckMode,
+    timeout: Duration,
+    client_type: i32,
+) -> Pushed {
+    let Ok(Ok(mut s)) =
+        tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr)).await
+    else {
+        return Pushed::Failed(format!("cannot connect to the gateway {addr}"));
+    };
+    let flags = match ack {
+        AckMode::None => Flags::NONE,
+        AckMode::Auto => Flags::AUTO_ACK,
+        AckMode::Biz => Flags::BIZ_ACK,
+    };
+    // mpush's PushSender: the gateway's timeout is the push's less 500 ms.
+    let body = GatewayPush {
+        user_id: user.into(),
+        client_type,
+        timeout: timeout.as_millis().saturating_sub(500).max(100) as i32,
+        content: content.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let id = 7;
+    let frame = Frame::Packet(Packet::new(
+        Command::GATEWAY_PUSH,
+        id,
+        flags,
+        body.to_bytes(),
+    ));
+    if s.write_all(&frame.to_bytes()).await.is_err() {
+        return Pushed::Failed("the gateway closed the connection".into());
+    }
+    let decoder = Decoder::new(1 << 20);
+    let mut buf = bytes::BytesMut::new();
+    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(2);
+    loop {
+        if let Ok(Some(Frame::Packet(p))) = decoder.decode(&mut buf) {
+            if p.session_id != id {
+                continue;
+            }
+            return match p.cmd {
+                Command::OK => Pushed::Delivered(None),
+                Command::ERROR => match ErrorMessage::from_bytes(&p.body) {
+                    Ok(e) if e.code.0 == 1 => Pushed::Offline,
+                    Ok(e) => Pushed::Failed(format!("ERROR {}: {}", e.code.0, e.reason)),
+                    Err(e) => Pushed::Failed(format!("an ERROR that does not decode: {e}")),
+                },
+                c => Pushed::Failed(format!("unexpected command {}", c.0)),
+            };
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => return Pushed::Failed("the gateway closed the connection".into()),
+            // mpush answers nothing when an ACK times out (spec 11.13).
+            Err(_) => return Pushed::Failed("no answer from the gateway".into()),
+        }
+    }
+}
