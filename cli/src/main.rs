@@ -33,6 +33,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The conformance kit's adapter for this SDK (`mpush-conformance
+    /// client -- mpush conformance-adapter`): reads the
+    /// `MPUSH_CONFORMANCE_*` variables, connects and binds, and prints what
+    /// the application sees as JSON lines (conformance/README.md).
+    ConformanceAdapter,
     /// Connect, bind a user and print every message as a JSON line (acknowledging it).
     Listen {
         #[command(flatten)]
@@ -270,6 +275,7 @@ enum Ack {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::ConformanceAdapter => conformance_adapter().await,
         Command::Listen { conn, count } => match conn.options() {
             Ok((options, user, tags, token)) => listen(options, &user, &tags, &token, count).await,
             Err(e) => fail(2, &e),
@@ -537,6 +543,87 @@ async fn follow_trace(url: &str, token: Option<String>, limit: Duration) -> Exit
 
 /// Binds in the background: the caller reads the events meanwhile (the
 /// bind resolves only once connected, and says how it went in `BindResult`).
+/// The kit's adapter contract: the connection from the environment, events
+/// out as JSON lines, a message that needs an ACK acknowledged after it was
+/// printed (an application that handled it).
+async fn conformance_adapter() -> ExitCode {
+    let var = |k: &str| std::env::var(format!("MPUSH_CONFORMANCE_{k}")).unwrap_or_default();
+    let state = std::path::PathBuf::from(var("STATE_DIR"));
+    let conn = Connect {
+        servers: vec![var("SERVER")],
+        allocator: None,
+        user: var("USER"),
+        tags: String::new(),
+        token: String::new(),
+        device_id: var("DEVICE"),
+        public_key: Some(var("PUBLIC_KEY")),
+        allow_published_key: true,
+        legacy: var("LEGACY") == "1",
+        ticket_file: (!state.as_os_str().is_empty()).then(|| state.join("ticket")),
+        tls_pin: None,
+    };
+    let (options, user, tags, token) = match conn.options() {
+        Ok(o) => o,
+        Err(e) => return fail(2, &e),
+    };
+    let mut client = match Client::connect(options) {
+        Ok(c) => c,
+        Err(e) => return fail(2, &e.to_string()),
+    };
+    start_bind(&client, &user, &tags, &token);
+    while let Some(e) = client.next_event().await {
+        let line = match e {
+            SessionEvent::Connected { resumed, v2, .. } => {
+                json!({"event": "connected", "resumed": resumed, "v2": v2})
+            }
+            SessionEvent::BindResult {
+                user_id,
+                ok,
+                reason,
+            } => {
+                if ok {
+                    json!({"event": "bound", "userId": user_id})
+                } else {
+                    json!({"event": "bind_failed", "userId": user_id, "reason": reason})
+                }
+            }
+            SessionEvent::Message(m) => {
+                let line = json!({
+                    "event": "message",
+                    "text": String::from_utf8_lossy(&m.content),
+                    "traceId": m.trace_id,
+                    "messageId": m.message_id,
+                    "needsAck": m.needs_ack,
+                });
+                println!("{line}");
+                if m.needs_ack {
+                    let _ = client.ack(m.ack_id).await;
+                }
+                continue;
+            }
+            SessionEvent::Kicked { device_id, .. } => {
+                json!({"event": "kicked", "deviceId": device_id})
+            }
+            SessionEvent::Disconnected {
+                reason,
+                retry_in_ms,
+            } => {
+                json!({"event": "disconnected", "reason": reason.to_string(), "retryInMs": retry_in_ms})
+            }
+            SessionEvent::Stopped { reason } => {
+                println!(
+                    "{}",
+                    json!({"event": "stopped", "reason": reason.to_string()})
+                );
+                return ExitCode::SUCCESS;
+            }
+            _ => continue,
+        };
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
+}
+
 fn start_bind(client: &Client, user: &str, tags: &str, token: &str) {
     let (h, user, tags, token) = (
         client.handle(),

@@ -154,3 +154,164 @@ fn mangle(frame: Frame, defect: Defect) -> Option<Frame> {
         (_, f) => Some(f),
     }
 }
+
+/// One way of being a broken client (the client mode's fixture).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientDefect {
+    /// Never sends a heartbeat (6.2).
+    NoHeartbeat,
+    /// Reconnects at once, every time (9.9).
+    TightLoop,
+    /// Never fast-connects: a full handshake every time (5.5).
+    NoResume,
+    /// Hands every message to the application twice.
+    DoubleDelivery,
+    /// Never acknowledges a BIZ message.
+    NoBizAck,
+    /// Does not tell the application of a KICK.
+    IgnoreKick,
+}
+
+impl ClientDefect {
+    pub const ALL: [ClientDefect; 6] = [
+        Self::NoHeartbeat,
+        Self::TightLoop,
+        Self::NoResume,
+        Self::DoubleDelivery,
+        Self::NoBizAck,
+        Self::IgnoreKick,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoHeartbeat => "no-heartbeat",
+            Self::TightLoop => "tight-loop",
+            Self::NoResume => "no-resume",
+            Self::DoubleDelivery => "double-delivery",
+            Self::NoBizAck => "no-biz-ack",
+            Self::IgnoreKick => "ignore-kick",
+        }
+    }
+
+    /// The client cases this defect must make fail.
+    pub fn breaks(self) -> &'static [&'static str] {
+        match self {
+            Self::NoHeartbeat => &["client.heartbeat"],
+            Self::TightLoop => &["client.backoff"],
+            Self::NoResume => &["client.fast_connect"],
+            Self::DoubleDelivery => &["client.push.duplicate"],
+            Self::NoBizAck => &["client.push.biz_ack"],
+            Self::IgnoreKick => &["client.kick"],
+        }
+    }
+}
+
+impl FromStr for ClientDefect {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|d| d.name()).collect();
+                format!("no client defect `{s}` (known: {})", names.join(", "))
+            })
+    }
+}
+
+/// A client that speaks the adapter contract (conformance/README.md), built
+/// on the kit's own connection, broken as named.
+pub async fn run_client(defect: ClientDefect) {
+    use crate::conn::{Conn, Target};
+    use mpush_protocol::client::{ClientConfig, ClientEvent};
+    use mpush_protocol::crypto::RsaPublic;
+    use mpush_protocol::session::DeviceInfo;
+    use std::time::Duration;
+
+    let var = |k: &str| std::env::var(format!("MPUSH_CONFORMANCE_{k}")).unwrap_or_default();
+    let server = var("SERVER");
+    let target = if server.starts_with("ws://") {
+        Target::Ws(server)
+    } else {
+        Target::Tcp(server)
+    };
+    let key = match RsaPublic::from_text(&var("PUBLIC_KEY")) {
+        Ok(k) => std::sync::Arc::new(k),
+        Err(e) => {
+            eprintln!("MPUSH_CONFORMANCE_PUBLIC_KEY: {e}");
+            return;
+        }
+    };
+    let (user, device) = (var("USER"), var("DEVICE"));
+    let say = |v: serde_json::Value| println!("{v}");
+    let mut ticket = None;
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let cfg = ClientConfig::new(
+            key.clone(),
+            DeviceInfo {
+                device_id: device.clone(),
+                os_name: "broken".into(),
+                os_version: "1".into(),
+                client_version: "0.0.1".into(),
+            },
+        );
+        let resume = if defect == ClientDefect::NoResume {
+            None
+        } else {
+            ticket.clone()
+        };
+        if let Ok(mut c) = Conn::open(&target, cfg, resume).await {
+            c.drop_heartbeats = defect == ClientDefect::NoHeartbeat;
+            while let Some(e) = c.next_event(Duration::from_secs(3600)).await {
+                match e {
+                    ClientEvent::Connected {
+                        resumed, ticket: t, ..
+                    } => {
+                        wait = Duration::from_millis(500);
+                        if t.is_some() {
+                            ticket = t;
+                        }
+                        say(serde_json::json!({"event": "connected", "resumed": resumed}));
+                        let _ = c
+                            .machine
+                            .bind(&user, "", "", mpush_protocol::Instant::now());
+                        c.flush().await;
+                    }
+                    ClientEvent::BindOk { user_id } => {
+                        say(serde_json::json!({"event": "bound", "userId": user_id}))
+                    }
+                    ClientEvent::Message(m) => {
+                        let line = serde_json::json!({
+                            "event": "message",
+                            "text": String::from_utf8_lossy(&m.content),
+                            "needsAck": m.ack.is_some(),
+                        });
+                        say(line.clone());
+                        if defect == ClientDefect::DoubleDelivery {
+                            say(line);
+                        }
+                        if let (Some(t), false) = (m.ack, defect == ClientDefect::NoBizAck) {
+                            let _ = c.machine.ack(t, mpush_protocol::Instant::now());
+                            c.flush().await;
+                        }
+                    }
+                    ClientEvent::Kicked { device_id, .. } if defect != ClientDefect::IgnoreKick => {
+                        say(serde_json::json!({"event": "kicked", "deviceId": device_id}))
+                    }
+                    ClientEvent::Closed { .. } => break,
+                    _ => {}
+                }
+                if c.closed {
+                    break;
+                }
+            }
+        }
+        say(serde_json::json!({"event": "disconnected"}));
+        if defect != ClientDefect::TightLoop {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(8));
+        }
+    }
+}

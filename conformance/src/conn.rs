@@ -89,6 +89,8 @@ pub struct Conn {
     events: VecDeque<ClientEvent>,
     /// The socket ended (the server closed it, or an error).
     pub closed: bool,
+    /// Never send a heartbeat (the broken client fixture).
+    pub drop_heartbeats: bool,
 }
 
 fn seed() -> [u8; 32] {
@@ -159,6 +161,7 @@ impl Conn {
             seen: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            drop_heartbeats: false,
         };
         c.flush().await;
         Ok(c)
@@ -184,6 +187,7 @@ impl Conn {
             seen: Vec::new(),
             events: VecDeque::new(),
             closed: false,
+            drop_heartbeats: false,
         };
         // Drop the handshake the machine queued: raw means raw.
         while c.machine.poll_transmit().is_some() {}
@@ -207,6 +211,9 @@ impl Conn {
     /// Writes what the machine queued.
     pub async fn flush(&mut self) {
         while let Some(b) = self.machine.poll_transmit() {
+            if self.drop_heartbeats && b[..] == [mpush_protocol::packet::HEARTBEAT_BYTE] {
+                continue;
+            }
             self.send_raw(&b).await;
         }
         while let Some(e) = self.machine.poll_event() {
@@ -362,6 +369,11 @@ impl Conn {
     pub async fn settle(&mut self, d: Duration) {
         let deadline = tokio::time::Instant::now() + d;
         while self.step(deadline).await {}
+    }
+
+    /// The next machine event, whatever it is, within `within`.
+    pub async fn next_event(&mut self, within: Duration) -> Option<ClientEvent> {
+        self.event(within, |_| true).await
     }
 
     /// The events taken so far and not matched, for failure messages.

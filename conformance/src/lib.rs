@@ -7,6 +7,7 @@
 //! JUnit XML. See README.md for how to point it at your server or client.
 
 pub mod broken;
+pub mod client;
 pub mod conn;
 pub mod report;
 pub mod server;

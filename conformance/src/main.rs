@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use mpush_conformance::Report;
-use mpush_conformance::broken::{self, Defect};
+use mpush_conformance::broken::{self, ClientDefect, Defect};
+use mpush_conformance::client::{self, ClientKit, Transport};
 use mpush_conformance::conn::Target;
 use mpush_conformance::server::{CASES, ServerKit};
 use mpush_conformance::trigger::Trigger;
@@ -57,6 +58,33 @@ enum Cli {
     },
     /// Lists the server cases with the spec section each checks.
     Cases,
+    /// Runs client cases: a scripted server the client under test (the
+    /// command after `--`, an adapter: README.md) connects to; exit 1 if any
+    /// failed.
+    Client {
+        /// Serve WebSocket (binary frames) instead of TCP.
+        #[arg(long)]
+        ws: bool,
+        /// Names the client in the results.
+        #[arg(long, default_value = "client")]
+        label: String,
+        /// Only cases whose id starts with this (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// The adapter: a program and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// A deliberately broken client, speaking the adapter contract.
+    BrokenClient {
+        /// no-heartbeat, tight-loop, no-resume, double-delivery, no-biz-ack, ignore-kick
+        #[arg(long)]
+        defect: ClientDefect,
+    },
     /// A deliberately broken server: relays to `--upstream`, broken as named.
     BrokenProxy {
         #[arg(long)]
@@ -76,6 +104,35 @@ async fn main() {
             for (id, spec, title) in CASES {
                 println!("server.{id:<32} {spec:<24} {title}");
             }
+            for (id, spec, title) in client::CASES {
+                println!("client.{id:<32} {spec:<24} {title}");
+            }
+        }
+        Cli::BrokenClient { defect } => broken::run_client(defect).await,
+        Cli::Client {
+            ws,
+            label,
+            only,
+            json,
+            junit,
+            command,
+        } => {
+            let kit = ClientKit {
+                command,
+                transport: if ws { Transport::Ws } else { Transport::Tcp },
+                label: label.clone(),
+                work_dir: std::env::temp_dir()
+                    .join(format!("mpush-conformance-{}", std::process::id())),
+            };
+            let mut report = Report {
+                subject: label,
+                ..Default::default()
+            };
+            for r in kit.run(&only).await {
+                report.push(r);
+            }
+            let _ = std::fs::remove_dir_all(&kit.work_dir);
+            finish(&report, json, junit);
         }
         Cli::BrokenProxy {
             listen,
@@ -149,17 +206,21 @@ async fn main() {
                     report.push(r);
                 }
             }
-            print!("{}", report.table());
-            if let Some(p) = json {
-                write(&p, &report.json());
-            }
-            if let Some(p) = junit {
-                write(&p, &report.junit());
-            }
-            if report.counts().failed > 0 {
-                std::process::exit(1);
-            }
+            finish(&report, json, junit);
         }
+    }
+}
+
+fn finish(report: &Report, json: Option<PathBuf>, junit: Option<PathBuf>) {
+    print!("{}", report.table());
+    if let Some(p) = json {
+        write(&p, &report.json());
+    }
+    if let Some(p) = junit {
+        write(&p, &report.junit());
+    }
+    if report.counts().failed > 0 {
+        std::process::exit(1);
     }
 }
 

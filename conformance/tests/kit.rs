@@ -131,3 +131,51 @@ async fn a_broken_server_fails_the_cases_it_should() {
     save(&report, "broken");
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_client_fails_the_cases_it_should() {
+    use mpush_conformance::broken::ClientDefect;
+    use mpush_conformance::client::{ClientKit, Transport};
+    let bin = env!("CARGO_BIN_EXE_mpush-conformance");
+    let work = std::env::temp_dir().join(format!("mpush-broken-client-{}", std::process::id()));
+    let mut report = Report {
+        subject: "broken client fixture".into(),
+        ..Default::default()
+    };
+    for defect in ClientDefect::ALL {
+        let kit = ClientKit {
+            command: vec![
+                bin.into(),
+                "broken-client".into(),
+                "--defect".into(),
+                defect.name().into(),
+            ],
+            transport: Transport::Tcp,
+            label: defect.name().into(),
+            work_dir: work.join(defect.name()),
+        };
+        let mut only: Vec<String> = defect
+            .breaks()
+            .iter()
+            .map(|id| id.trim_start_matches("client.").to_owned())
+            .collect();
+        // A control: what the defect leaves alone passes.
+        only.push("bind".into());
+        for r in kit.run(&only).await {
+            let must_fail = defect.breaks().contains(&r.id.as_str());
+            match (&r.outcome, must_fail) {
+                (Outcome::Failed(_), true) | (Outcome::Passed, false) => {}
+                (o, _) => panic!(
+                    "{}: with the client defect {} the case was {o:?}, expected it {}",
+                    r.id,
+                    defect.name(),
+                    if must_fail { "to fail" } else { "to pass" }
+                ),
+            }
+            report.push(r);
+        }
+    }
+    println!("{}", report.table());
+    save(&report, "broken-client");
+    let _ = std::fs::remove_dir_all(&work);
+}
