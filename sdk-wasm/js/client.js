@@ -87,8 +87,11 @@ class Socket {
     };
     ws.onclose = (e) =>
       sink("close", e.reason ? `socket closed (code ${e.code}: ${e.reason})` : `socket closed (code ${e.code})`);
-    // An error is always followed by a close event, which carries the news.
-    ws.onerror = () => {};
+    // Browsers follow an error with a close event; Node 20's WebSocket does
+    // not when the handshake fails (found by the conformance kit's backoff
+    // case): the error ends the attempt, and the close that may follow finds
+    // the handlers detached.
+    ws.onerror = () => sink("close", "socket error");
     this.ws = ws;
     liveSockets++;
     liveHandlers += 4;
