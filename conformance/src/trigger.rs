@@ -174,3 +174,101 @@ async fn gateway_push(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The gateway trigger against spec 7.2 as a gateway sees it: the
+    //! GATEWAY_PUSH it sends decodes to what was asked (flags, timeout less
+    //! 500 ms, client type, content), and OK / ERROR 1 / ERROR 2 / silence
+    //! read as delivered / offline / failed / failed. (No Java mpush node runs
+    //! here; this pins the trigger's side of the wire.)
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A gateway that answers the first GATEWAY_PUSH with `reply` (or not at
+    /// all) and hands back what it got.
+    async fn gateway(reply: Option<Frame>) -> (String, tokio::task::JoinHandle<Packet>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let decoder = Decoder::new(1 << 20);
+            let mut buf = bytes::BytesMut::new();
+            let p = loop {
+                if let Ok(Some(Frame::Packet(p))) = decoder.decode(&mut buf) {
+                    break p;
+                }
+                let mut chunk = [0u8; 4096];
+                let n = s.read(&mut chunk).await.expect("read");
+                assert!(n > 0, "the trigger closed before a whole packet");
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            if let Some(mut r) = reply {
+                if let Frame::Packet(q) = &mut r {
+                    q.session_id = p.session_id;
+                }
+                s.write_all(&r.to_bytes()).await.expect("write");
+            }
+            // Hold the socket until the trigger is done.
+            let mut rest = [0u8; 16];
+            let _ = s.read(&mut rest).await;
+            p
+        });
+        (addr, task)
+    }
+
+    fn answer(cmd: Command, body: Vec<u8>) -> Frame {
+        Frame::Packet(Packet::new(cmd, 0, Flags::NONE, body))
+    }
+
+    #[tokio::test]
+    async fn the_gateway_trigger_speaks_push_sender_s_protocol() {
+        use mpush_protocol::message::{ErrorCode, OkMessage};
+        let ok = answer(
+            Command::OK,
+            OkMessage::new(Command::GATEWAY_PUSH, "").to_bytes(),
+        );
+        let (addr, got) = gateway(Some(ok)).await;
+        let t = Trigger::Gateway { addr };
+        let r = t
+            .push("u1", "hi", AckMode::Biz, Duration::from_millis(3000), 1)
+            .await;
+        assert_eq!(r, Pushed::Delivered(None));
+        let p = got.await.expect("join");
+        assert_eq!((p.cmd, p.flags), (Command::GATEWAY_PUSH, Flags::BIZ_ACK));
+        let body = GatewayPush::from_bytes(&p.body).expect("a GATEWAY_PUSH body");
+        assert_eq!(
+            (
+                body.user_id.as_str(),
+                body.client_type,
+                body.timeout,
+                &body.content[..]
+            ),
+            ("u1", 1, 2500, &b"hi"[..])
+        );
+
+        for (code, want) in [(1u8, Pushed::Offline), (2, Pushed::Failed(String::new()))] {
+            let e = ErrorMessage::new(Command::GATEWAY_PUSH, ErrorCode(code));
+            let (addr, _) = gateway(Some(answer(Command::ERROR, e.to_bytes()))).await;
+            let r = Trigger::Gateway { addr }
+                .push("u1", "hi", AckMode::None, Duration::from_millis(1000), 1)
+                .await;
+            match (r, want) {
+                (Pushed::Offline, Pushed::Offline) => {}
+                (Pushed::Failed(why), Pushed::Failed(_)) => {
+                    assert!(why.contains("ERROR 2"), "{why}")
+                }
+                (r, w) => panic!("ERROR {code}: {r:?}, expected {w:?}"),
+            }
+        }
+        // An ACK timeout: mpush answers nothing (spec 11.13).
+        let (addr, _) = gateway(None).await;
+        let r = Trigger::Gateway { addr }
+            .push("u1", "hi", AckMode::Auto, Duration::from_millis(600), 1)
+            .await;
+        assert!(
+            matches!(r, Pushed::Failed(ref w) if w.contains("no answer")),
+            "{r:?}"
+        );
+    }
+}
