@@ -53,6 +53,7 @@ impl Defect {
             ],
             Self::KeepOpen => &[
                 "server.errors.unsupported_command",
+                "server.errors.malformed_body",
                 "server.errors.bind_before_handshake",
                 "server.bounds.oversize_frame",
                 "server.bounds.silence",

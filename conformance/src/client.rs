@@ -608,8 +608,10 @@ impl ClientKit {
                 let mut s = server.accept(WAIT).await?;
                 match s.event(WAIT, handshaken).await {
                     Some(ServerEvent::HandshakeCompleted { device, .. }) => {
-                        if device.device_id.is_empty() {
-                            return Err("the handshake carried no device id".into());
+                        if device.device_id.is_empty() || device.os_name.is_empty() {
+                            return Err(format!(
+                                "the handshake lacks its device fields: {device:?}"
+                            ));
                         }
                         pass()
                     }

@@ -267,6 +267,7 @@ impl ServerKit {
             "push.ack_timeout" => self.ack_timeout().await,
             "push.offline" => self.offline().await,
             "errors.unsupported_command" => self.unsupported().await,
+            "errors.malformed_body" => self.malformed().await,
             "errors.bind_before_handshake" => self.bind_early().await,
             "bounds.oversize_frame" => self.oversize().await,
             "bounds.silence" => self.silence().await,
@@ -714,6 +715,28 @@ impl ServerKit {
             (Some(_), false) => Err("ERROR 101 but the connection stayed open".into()),
             (None, _) => Err("no ERROR(3, 101) for an unregistered command".into()),
         }
+    }
+
+    async fn malformed(&self) -> CaseOutcome {
+        let (mut c, _) = self
+            .connect(self.device("malformed", 0), false, None)
+            .await?;
+        // A BIND whose "encrypted" body is noise (not a whole AES block).
+        let frame = Frame::Packet(Packet::new(Command::BIND, 5, Flags::CRYPTO, vec![0x5A; 21]));
+        c.send_raw(&frame.to_bytes()).await;
+        if !c.closed_within(WAIT).await {
+            return Err("the connection stayed open after a body that does not decrypt".into());
+        }
+        if let Some(e) = c.seen.iter().find_map(|s| match s {
+            Seen::Packet { error: Some(e), .. } if e.code.0 != 100 => Some(e.clone()),
+            _ => None,
+        }) {
+            return Err(format!("ERROR code {} (mpush: 100)", e.code.0));
+        }
+        // The server still serves.
+        self.connect(self.device("malformed", 1), false, None)
+            .await?;
+        pass()
     }
 
     async fn bind_early(&self) -> CaseOutcome {
