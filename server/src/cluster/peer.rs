@@ -90,6 +90,10 @@ impl Peers {
     }
 }
 
+/// The shortest a connection attempt to a peer is given (a round trip and
+/// the peer's challenge on a loaded host).
+const ATTEMPT_MIN: Duration = Duration::from_millis(250);
+
 async fn run_peer(
     node: String,
     addr: String,
@@ -99,12 +103,17 @@ async fn run_peer(
 ) {
     let unreachable = |why: String| ForwardError::Unreachable(node.clone(), why);
     // A connection the peer closed before authenticating (its port busy
-    // with strangers) is tried again, within the forward's timeout.
+    // with strangers), or one that never answers (a half-open connection:
+    // the handshake's last ACK lost under a SYN flood), is tried again with
+    // a new one, within the forward's timeout: each attempt gets a share.
     let until = tokio::time::Instant::now() + timeout;
+    let attempt = (timeout / 4).max(ATTEMPT_MIN);
     let mut last = String::new();
     let mut connected = None;
     while connected.is_none() && tokio::time::Instant::now() < until {
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let left = until
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(attempt);
         match tokio::time::timeout(left, TcpStream::connect(&addr)).await {
             Ok(Ok(mut s)) => {
                 let _ = s.set_nodelay(true);
