@@ -921,6 +921,43 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
         .map_err(|e| invalid("tls.cert_file", e))
 }
 
+/// An `http_proxy.dns_mapping` backend that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidBackend(String);
+
+/// An `http_proxy.dns_mapping` backend, `ip:port` (plain HTTP, mpush's form)
+/// or an `http://` / `https://` base with no path, query or credentials: its
+/// base URL (scheme and authority, no trailing slash).
+pub fn proxy_backend(s: &str) -> Result<String, InvalidBackend> {
+    let bad = |why: String| InvalidBackend(why);
+    let full = if s.contains("://") {
+        s.to_owned()
+    } else {
+        s.parse::<SocketAddr>()
+            .map_err(|_| bad(format!("`{s}` is neither ip:port nor an http(s):// URL")))?;
+        format!("http://{s}")
+    };
+    let u = reqwest::Url::parse(&full).map_err(|e| bad(format!("`{s}`: {e}")))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad(format!("`{s}`: only http:// and https:// backends")));
+    }
+    if u.host_str().is_none() {
+        return Err(bad(format!("`{s}` names no host")));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(bad(format!("`{s}`: no credentials in a backend address")));
+    }
+    if u.path() != "/" || u.query().is_some() || u.fragment().is_some() {
+        return Err(bad(format!(
+            "`{s}`: a backend is a scheme and an address, no path"
+        )));
+    }
+    let mut base = u.to_string();
+    base.pop(); // the path's "/"
+    Ok(base)
+}
+
 fn validate_http_proxy(p: &HttpProxy) -> Result<(), ConfigError> {
     if !p.enabled {
         return Ok(());
@@ -945,7 +982,7 @@ fn validate_http_proxy(p: &HttpProxy) -> Result<(), ConfigError> {
             ));
         }
         for t in targets {
-            if let Err(e) = crate::proxy::Backend::parse(t) {
+            if let Err(e) = proxy_backend(t) {
                 return Err(invalid("http_proxy.dns_mapping", format!("`{host}`: {e}")));
             }
         }

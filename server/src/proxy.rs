@@ -44,33 +44,9 @@ pub struct Backend {
 
 impl Backend {
     /// `ip:port` (plain HTTP, mpush's form) or an `http://` / `https://`
-    /// base with no path, query, or credentials.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let full = if s.contains("://") {
-            s.to_owned()
-        } else {
-            s.parse::<SocketAddr>()
-                .map_err(|_| format!("`{s}` is neither ip:port nor an http(s):// URL"))?;
-            format!("http://{s}")
-        };
-        let u = reqwest::Url::parse(&full).map_err(|e| format!("`{s}`: {e}"))?;
-        if !matches!(u.scheme(), "http" | "https") {
-            return Err(format!("`{s}`: only http:// and https:// backends"));
-        }
-        if u.host_str().is_none() {
-            return Err(format!("`{s}` names no host"));
-        }
-        if !u.username().is_empty() || u.password().is_some() {
-            return Err(format!("`{s}`: no credentials in a backend address"));
-        }
-        if u.path() != "/" || u.query().is_some() || u.fragment().is_some() {
-            return Err(format!(
-                "`{s}`: a backend is a scheme and an address, no path"
-            ));
-        }
-        let mut base = u.to_string();
-        base.pop(); // the path's "/"
-        Ok(Self { base })
+    /// base with no path, query, or credentials (`config::proxy_backend`).
+    pub fn parse(s: &str) -> Result<Self, config::InvalidBackend> {
+        config::proxy_backend(s).map(|base| Self { base })
     }
 }
 
