@@ -63,17 +63,36 @@ impl Defect {
 }
 
 impl FromStr for Defect {
-    type Err = String;
+    type Err = UnknownDefect;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|d| d.name()).collect();
-                format!("no defect `{s}` (known: {})", names.join(", "))
-            })
+    fn from_str(s: &str) -> Result<Self, UnknownDefect> {
+        by_name(&Self::ALL, Self::name, "defect", s)
     }
+}
+
+/// A defect named that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no {kind} `{name}` (known: {known})")]
+pub struct UnknownDefect {
+    kind: &'static str,
+    name: String,
+    known: String,
+}
+
+fn by_name<T: Copy>(
+    all: &[T],
+    name: fn(T) -> &'static str,
+    kind: &'static str,
+    s: &str,
+) -> Result<T, UnknownDefect> {
+    all.iter()
+        .copied()
+        .find(|d| name(*d) == s)
+        .ok_or_else(|| UnknownDefect {
+            kind,
+            name: s.to_owned(),
+            known: all.iter().map(|d| name(*d)).collect::<Vec<_>>().join(", "),
+        })
 }
 
 /// Serves connections on `listener`, each relayed to `upstream` with
@@ -208,16 +227,10 @@ impl ClientDefect {
 }
 
 impl FromStr for ClientDefect {
-    type Err = String;
+    type Err = UnknownDefect;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|d| d.name()).collect();
-                format!("no client defect `{s}` (known: {})", names.join(", "))
-            })
+    fn from_str(s: &str) -> Result<Self, UnknownDefect> {
+        by_name(&Self::ALL, Self::name, "client defect", s)
     }
 }
 

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use futures_util::{SinkExt, StreamExt};
 use mpush_protocol::crypto::RsaPrivate;
 use mpush_protocol::message::Redirect;
 use mpush_protocol::packet::{Decoder, Frame};
@@ -28,11 +27,10 @@ use mpush_protocol::server::{
 use mpush_protocol::session::{AckMode, Profile, SessionRecord};
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
 
-use crate::report::{CaseResult, Outcome};
+use crate::report::{Case, CaseResult, Outcome, run_cases};
 
 /// Which transport the scripted server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +53,7 @@ pub struct ClientKit {
 }
 
 /// Every client case: id, spec section, what it checks.
-pub const CASES: &[(&str, &str, &str)] = &[
+pub const CASES: &[Case] = &[
     (
         "handshake",
         "mpush-wire 5.3, 9.3",
@@ -227,10 +225,7 @@ impl Adapter {
 
 type Sessions = Arc<Mutex<HashMap<String, SessionRecord>>>;
 
-enum Link {
-    Tcp(TcpStream),
-    Ws(Box<tokio_tungstenite::WebSocketStream<TcpStream>>),
-}
+type Link = crate::link::Link<TcpStream>;
 
 /// One connection of the client under test, served by a scripted machine.
 struct Served {
@@ -245,15 +240,13 @@ struct Served {
     decoder: Decoder,
     /// Refuse every BIND (ERROR, then the connection closes).
     refuse_bind: bool,
+    /// The id of the next push this connection sends.
+    next_message: u64,
 }
 
 impl Served {
     async fn write(&mut self, b: &[u8]) {
-        let r = match &mut self.link {
-            Link::Tcp(s) => s.write_all(b).await.is_ok(),
-            Link::Ws(ws) => ws.send(Message::Binary(b.to_vec().into())).await.is_ok(),
-        };
-        if !r {
+        if !self.link.write(b).await {
             self.closed = true;
         }
     }
@@ -362,21 +355,7 @@ impl Served {
             .unwrap_or(deadline)
             .min(deadline);
         let mut buf = vec![0u8; 64 << 10];
-        let read = async {
-            match &mut self.link {
-                Link::Tcp(s) => match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => None,
-                    Ok(n) => Some(buf[..n].to_vec()),
-                },
-                Link::Ws(ws) => loop {
-                    match ws.next().await {
-                        Some(Ok(Message::Binary(b))) => break Some(b.to_vec()),
-                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
-                        Some(Ok(_)) => continue,
-                    }
-                },
-            }
-        };
+        let read = self.link.read(&mut buf);
         let got = tokio::select! {
             r = read => Some(r),
             _ = tokio::time::sleep_until(timer) => None,
@@ -427,7 +406,7 @@ impl Served {
     async fn push(&mut self, text: &str, mode: AckMode, twice: bool) -> Result<(), String> {
         self.flush().await;
         let p = OutboundPush {
-            message_id: 1 + self.events.len() as u64,
+            message_id: self.next_message,
             trace_id: format!("conformance-{text}").into(),
             content: Bytes::copy_from_slice(text.as_bytes()),
             ack_mode: mode,
@@ -435,6 +414,7 @@ impl Served {
             ack_timeout: Some(Duration::from_secs(30)),
             queued_at: None,
         };
+        self.next_message += 1;
         self.machine
             .push(p, mpush_protocol::Instant::now())
             .map_err(|e| e.to_string())?;
@@ -518,6 +498,7 @@ impl Server {
             observer: BytesMut::new(),
             decoder: Decoder::new(64 << 20),
             refuse_bind: false,
+            next_message: 1,
         })
     }
 }
@@ -536,28 +517,11 @@ fn bind_asked(e: &ServerEvent) -> bool {
 impl ClientKit {
     /// Runs every case (or those whose id starts with one of `only`).
     pub async fn run(&self, only: &[String]) -> Vec<CaseResult> {
-        let mut out = Vec::new();
-        for (id, spec, title) in CASES {
-            if !only.is_empty() && !only.iter().any(|o| id.starts_with(o.as_str())) {
-                continue;
-            }
-            let started = Instant::now();
-            let budget = Duration::from_secs(60);
-            let outcome = match tokio::time::timeout(budget, self.case(id)).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(why)) => Outcome::Failed(why),
-                Err(_) => Outcome::Failed(format!("the case did not end within {budget:?}")),
-            };
-            out.push(CaseResult {
-                id: format!("client.{id}"),
-                spec: (*spec).to_owned(),
-                title: (*title).to_owned(),
-                over: self.label.clone(),
-                outcome,
-                millis: started.elapsed().as_millis() as u64,
-            });
-        }
-        out
+        let budget = Duration::from_secs(60);
+        run_cases(CASES, "client", &self.label, only, budget, |id| {
+            self.case(id)
+        })
+        .await
     }
 
     fn start(&self, case: &str, server: &Server) -> Result<(Adapter, String), String> {

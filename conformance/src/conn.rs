@@ -10,16 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures_util::{SinkExt, StreamExt};
 use mpush_protocol::Instant;
 use mpush_protocol::client::{ClientConfig, ClientConnection, ClientEvent};
 use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::message::{Body, ErrorMessage};
 use mpush_protocol::packet::{Command, Decoder, Flags, Frame};
 use mpush_protocol::session::ResumeTicket;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
 
 /// Where the server under test listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,12 +36,7 @@ impl Target {
     }
 }
 
-type WsStream = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
-
-enum Link {
-    Tcp(TcpStream),
-    Ws(Box<WsStream>),
-}
+type Link = crate::link::Link<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
 
 /// A frame the server sent, as seen on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,14 +129,7 @@ async fn open_link(target: &Target) -> Result<Link, ConnError> {
 }
 
 impl Conn {
-    /// Connects; the machine starts its handshake (or fast connect, with a
-    /// ticket) at once.
-    pub async fn open(
-        target: &Target,
-        config: ClientConfig,
-        ticket: Option<ResumeTicket>,
-    ) -> Result<Self, ConnError> {
-        let link = open_link(target).await?;
+    fn new(link: Link, config: ClientConfig, ticket: Option<ResumeTicket>) -> Self {
         let machine = ClientConnection::new(
             Arc::new(config),
             seed(),
@@ -153,7 +138,7 @@ impl Conn {
             ticket,
             DedupWindow::default(),
         );
-        let mut c = Self {
+        Self {
             link,
             machine,
             observer: BytesMut::new(),
@@ -162,7 +147,17 @@ impl Conn {
             events: VecDeque::new(),
             closed: false,
             drop_heartbeats: false,
-        };
+        }
+    }
+
+    /// Connects; the machine starts its handshake (or fast connect, with a
+    /// ticket) at once.
+    pub async fn open(
+        target: &Target,
+        config: ClientConfig,
+        ticket: Option<ResumeTicket>,
+    ) -> Result<Self, ConnError> {
+        let mut c = Self::new(open_link(target).await?, config, ticket);
         c.flush().await;
         Ok(c)
     }
@@ -170,40 +165,27 @@ impl Conn {
     /// A connection on which the kit speaks raw bytes only (the machine is
     /// made but told nothing: nothing of it is sent).
     pub async fn open_raw(target: &Target, config: ClientConfig) -> Result<Self, ConnError> {
-        let link = open_link(target).await?;
-        let machine = ClientConnection::new(
-            Arc::new(config),
-            seed(),
-            Instant::now(),
-            unix_ms(),
-            None,
-            DedupWindow::default(),
-        );
-        let mut c = Self {
-            link,
-            machine,
-            observer: BytesMut::new(),
-            decoder: Decoder::new(64 << 20),
-            seen: Vec::new(),
-            events: VecDeque::new(),
-            closed: false,
-            drop_heartbeats: false,
-        };
+        let mut c = Self::new(open_link(target).await?, config, None);
         // Drop the handshake the machine queued: raw means raw.
         while c.machine.poll_transmit().is_some() {}
         Ok(c)
     }
 
+    /// The end of the handshake (or fast connect): `Connected`, `Closed`, or
+    /// `None` when neither came within `within`.
+    pub async fn handshake_end(&mut self, within: Duration) -> Option<ClientEvent> {
+        self.event(within, |e| {
+            matches!(
+                e,
+                ClientEvent::Connected { .. } | ClientEvent::Closed { .. }
+            )
+        })
+        .await
+    }
+
     /// Writes bytes as they are (one WebSocket message on WebSocket).
     pub async fn send_raw(&mut self, bytes: &[u8]) {
-        let r = match &mut self.link {
-            Link::Tcp(s) => s.write_all(bytes).await.map_err(|e| e.to_string()),
-            Link::Ws(ws) => ws
-                .send(Message::Binary(bytes.to_vec().into()))
-                .await
-                .map_err(|e| e.to_string()),
-        };
-        if r.is_err() {
+        if !self.link.write(bytes).await {
             self.closed = true;
         }
     }
@@ -259,21 +241,7 @@ impl Conn {
             .unwrap_or(deadline)
             .min(deadline);
         let mut buf = vec![0u8; 64 << 10];
-        let read = async {
-            match &mut self.link {
-                Link::Tcp(s) => match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => None,
-                    Ok(n) => Some(buf[..n].to_vec()),
-                },
-                Link::Ws(ws) => loop {
-                    match ws.next().await {
-                        Some(Ok(Message::Binary(b))) => break Some(b.to_vec()),
-                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
-                        Some(Ok(_)) => continue,
-                    }
-                },
-            }
-        };
+        let read = self.link.read(&mut buf);
         let got = tokio::select! {
             r = read => Some(r),
             _ = tokio::time::sleep_until(timer) => None,
@@ -339,21 +307,7 @@ impl Conn {
     pub async fn silent_until(&mut self, deadline: tokio::time::Instant) -> bool {
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let read = async {
-                match &mut self.link {
-                    Link::Tcp(s) => match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => None,
-                        Ok(n) => Some(buf[..n].to_vec()),
-                    },
-                    Link::Ws(ws) => loop {
-                        match ws.next().await {
-                            Some(Ok(Message::Binary(b))) => break Some(b.to_vec()),
-                            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
-                            Some(Ok(_)) => continue,
-                        }
-                    },
-                }
-            };
+            let read = self.link.read(&mut buf);
             match tokio::time::timeout_at(deadline, read).await {
                 Ok(Some(data)) => self.observe(&data),
                 Ok(None) => {

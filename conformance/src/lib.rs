@@ -9,6 +9,7 @@
 pub mod broken;
 pub mod client;
 pub mod conn;
+pub mod link;
 pub mod report;
 pub mod server;
 pub mod trigger;

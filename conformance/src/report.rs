@@ -1,6 +1,7 @@
 //! Results: a table for people, JSON and JUnit XML for machines.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -47,6 +48,47 @@ pub struct CaseResult {
     #[serde(flatten)]
     pub outcome: Outcome,
     pub millis: u64,
+}
+
+/// A case: its id, the spec section it checks, what it checks.
+pub type Case = (&'static str, &'static str, &'static str);
+
+/// Runs `cases` (those whose id starts with one of `only`; all when it is
+/// empty), each within `budget`, and names their results `{mode}.{id}` over
+/// `over`. `case` runs one by id; an `Err` is a failure in words.
+pub async fn run_cases<F, Fut>(
+    cases: &[Case],
+    mode: &str,
+    over: &str,
+    only: &[String],
+    budget: Duration,
+    case: F,
+) -> Vec<CaseResult>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = Result<Outcome, String>>,
+{
+    let mut out = Vec::new();
+    for &(id, spec, title) in cases {
+        if !only.is_empty() && !only.iter().any(|o| id.starts_with(o.as_str())) {
+            continue;
+        }
+        let started = Instant::now();
+        let outcome = match tokio::time::timeout(budget, case(id)).await {
+            Ok(Ok(o)) => o,
+            Ok(Err(why)) => Outcome::Failed(why),
+            Err(_) => Outcome::Failed(format!("the case did not end within {budget:?}")),
+        };
+        out.push(CaseResult {
+            id: format!("{mode}.{id}"),
+            spec: spec.to_owned(),
+            title: title.to_owned(),
+            over: over.to_owned(),
+            outcome,
+            millis: started.elapsed().as_millis() as u64,
+        });
+    }
+    out
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -133,6 +175,14 @@ impl Report {
             "results": self.results,
         }))
         .unwrap_or_default()
+    }
+
+    /// Writes the table, JSON and JUnit XML as `dir/name.{txt,json,xml}`.
+    pub fn save(&self, dir: &std::path::Path, name: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(format!("{name}.txt")), self.table())?;
+        std::fs::write(dir.join(format!("{name}.json")), self.json())?;
+        std::fs::write(dir.join(format!("{name}.xml")), self.junit())
     }
 
     /// JUnit XML: one test suite per transport or adapter; "not offered"

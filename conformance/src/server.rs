@@ -14,7 +14,7 @@ use mpush_protocol::packet::{Command, Flags, Frame, HEARTBEAT_BYTE, Packet};
 use mpush_protocol::session::{AckMode, DeviceInfo, Profile, ResumeTicket};
 
 use crate::conn::{Conn, Seen, Target};
-use crate::report::{CaseResult, Outcome};
+use crate::report::{Case, CaseResult, Outcome, run_cases};
 use crate::trigger::{Pushed, Trigger};
 
 /// What a run against a server needs.
@@ -35,7 +35,7 @@ pub struct ServerKit {
 }
 
 /// Every server case: id, spec section, what it checks.
-pub const CASES: &[(&str, &str, &str)] = &[
+pub const CASES: &[Case] = &[
     (
         "framing.heartbeat",
         "mpush-wire 1.2",
@@ -187,15 +187,7 @@ impl ServerKit {
         let mut c = Conn::open(&self.target, self.config(device, v2), ticket)
             .await
             .map_err(|e| e.to_string())?;
-        match c
-            .event(WAIT, |e| {
-                matches!(
-                    e,
-                    ClientEvent::Connected { .. } | ClientEvent::Closed { .. }
-                )
-            })
-            .await
-        {
+        match c.handshake_end(WAIT).await {
             Some(e @ ClientEvent::Connected { .. }) => Ok((c, e)),
             Some(e) => Err(format!("the handshake ended in {e:?}")),
             None => Err(format!("no handshake answer within {WAIT:?}")),
@@ -222,28 +214,11 @@ impl ServerKit {
 
     /// Runs every case (or those whose id starts with one of `only`).
     pub async fn run(&self, only: &[String]) -> Vec<CaseResult> {
-        let mut out = Vec::new();
-        for (id, spec, title) in CASES {
-            if !only.is_empty() && !only.iter().any(|o| id.starts_with(o.as_str())) {
-                continue;
-            }
-            let started = Instant::now();
-            let budget = self.silence_limit.max(Duration::from_secs(30)) + Duration::from_secs(30);
-            let outcome = match tokio::time::timeout(budget, self.case(id)).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(why)) => Outcome::Failed(why),
-                Err(_) => Outcome::Failed(format!("the case did not end within {budget:?}")),
-            };
-            out.push(CaseResult {
-                id: format!("server.{id}"),
-                spec: (*spec).to_owned(),
-                title: (*title).to_owned(),
-                over: self.target.name().to_owned(),
-                outcome,
-                millis: started.elapsed().as_millis() as u64,
-            });
-        }
-        out
+        let budget = self.silence_limit.max(Duration::from_secs(30)) + Duration::from_secs(30);
+        run_cases(CASES, "server", self.target.name(), only, budget, |id| {
+            self.case(id)
+        })
+        .await
     }
 
     async fn case(&self, id: &str) -> CaseOutcome {
@@ -392,14 +367,7 @@ impl ServerKit {
         let mut c = Conn::open(&self.target, self.config(dev, false), Some(ticket))
             .await
             .map_err(|e| e.to_string())?;
-        let e = c
-            .event(WAIT, |e| {
-                matches!(
-                    e,
-                    ClientEvent::Connected { .. } | ClientEvent::Closed { .. }
-                )
-            })
-            .await;
+        let e = c.handshake_end(WAIT).await;
         match e {
             Some(ClientEvent::Connected { resumed: true, .. }) => {
                 return Err("the server resumed a session it must refuse".into());
@@ -471,15 +439,7 @@ impl ServerKit {
         let mut c = Conn::open(&self.target, self.config(dev, true), Some(t))
             .await
             .map_err(|e| e.to_string())?;
-        match c
-            .event(WAIT, |e| {
-                matches!(
-                    e,
-                    ClientEvent::Connected { .. } | ClientEvent::Closed { .. }
-                )
-            })
-            .await
-        {
+        match c.handshake_end(WAIT).await {
             Some(ClientEvent::Connected { resumed: true, .. }) => {
                 Err("a used v2 ticket resumed a second time".into())
             }

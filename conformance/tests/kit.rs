@@ -47,12 +47,12 @@ fn kit(target: Target, api: String, run: &str) -> ServerKit {
     }
 }
 
+/// The tables of the test command's runs, under target/conformance/.
 fn save(report: &Report, name: &str) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(dir.join(format!("{name}.txt")), report.table());
-    let _ = std::fs::write(dir.join(format!("{name}.json")), report.json());
-    let _ = std::fs::write(dir.join(format!("{name}.xml")), report.junit());
+    if let Err(e) = report.save(&dir, name) {
+        eprintln!("target/conformance/{name}: {e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
