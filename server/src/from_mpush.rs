@@ -248,22 +248,21 @@ fn redis_nodes(v: &HoconValue) -> Vec<(String, i64, String)> {
     out
 }
 
+/// `:password@` for a Redis URL, the password percent-encoded; empty
+/// without one.
 fn userinfo(password: &str) -> String {
     if password.is_empty() {
-        String::new()
-    } else {
-        let enc: String = password
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
-        format!(":{enc}@")
+        return String::new();
     }
+    const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    format!(
+        ":{}@",
+        percent_encoding::utf8_percent_encode(password, USERINFO)
+    )
 }
 
 /// Converts an `mpush.conf`. `cwd` stands for `${user.dir}` (the Java
