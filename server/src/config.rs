@@ -58,13 +58,17 @@ pub struct Net {
     /// other could be the client's own. A hop that is not a clean address
     /// makes the caller an unknown remote one (fail closed).
     pub forwarded_header: String,
-    /// Development only: plain `ws://` connections from a loopback peer
-    /// count as secure for the transport-secured profile (ADR 0005), so the
-    /// browser's `mpush-sdk` module, which has no RSA or AES, can reach a
-    /// server on this machine without TLS. Needs `net.ws` on a loopback
-    /// address and no `trusted_proxies`; never put a reverse proxy on this
-    /// machine in front of such a server (its connections come from loopback).
-    pub dev_loopback_transport: bool,
+    /// Plain `ws://` connections from a loopback peer count as secure for
+    /// the transport-secured profile (ADR 0005), so the browser's `mpush-sdk`
+    /// module, which has no RSA or AES, can reach a server on this machine
+    /// without TLS. Unset (the default): on exactly when `net.ws` listens on
+    /// loopback without TLS and no `trusted_proxies` are configured (the
+    /// server `cargo run` starts); an upgrade request that carries
+    /// forwarding headers (a reverse proxy on this machine) never counts.
+    /// `true` insists (refused unless `net.ws` is on loopback and there are
+    /// no proxies); `false` turns it off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dev_loopback_transport: Option<bool>,
 }
 
 impl Default for Net {
@@ -81,7 +85,7 @@ impl Default for Net {
             demo_dir: "demo-web".into(),
             trusted_proxies: Vec::new(),
             forwarded_header: "x-forwarded-for".into(),
-            dev_loopback_transport: false,
+            dev_loopback_transport: None,
         }
     }
 }
@@ -597,6 +601,9 @@ fn invalid(key: &'static str, reason: impl std::fmt::Display) -> ConfigError {
 #[derive(Debug, Clone)]
 pub struct Validated {
     pub settings: Settings,
+    /// `net.dev_loopback_transport` resolved: plain `ws://` from loopback
+    /// may use the transport-secured profile.
+    pub loopback_transport: bool,
     pub tcp: SocketAddr,
     pub ws: Option<SocketAddr>,
     pub http: SocketAddr,
@@ -645,7 +652,8 @@ impl Settings {
         toml::to_string_pretty(&self.masked()).unwrap_or_else(|e| format!("# cannot print: {e}\n"))
     }
 
-    /// Checks every setting once; the server runs on the result.
+    /// Checks every setting once (each alone, then the ones that must agree);
+    /// the server runs on the result.
     pub fn validate(self) -> Result<Validated, ConfigError> {
         let addr = |key: &'static str, v: &str| {
             v.parse::<SocketAddr>()
@@ -699,10 +707,32 @@ impl Settings {
             ));
         }
         let d = &self.delivery;
-        if d.ack_waits_ms.is_empty() || d.ack_waits_ms.contains(&0) {
+        if d.ack_waits_ms.is_empty() {
+            return Err(invalid("delivery.ack_waits_ms", "needs at least one wait"));
+        }
+        if let Some(w) = d
+            .ack_waits_ms
+            .iter()
+            .find(|w| !(MIN_ACK_WAIT_MS..=MAX_ACK_WAIT_MS).contains(*w))
+        {
             return Err(invalid(
                 "delivery.ack_waits_ms",
-                "needs at least one wait, none 0",
+                format!(
+                    "{w} ms: each wait is {MIN_ACK_WAIT_MS} ms to {MAX_ACK_WAIT_MS} ms (a wait shorter than a round trip resends what is on its way)"
+                ),
+            ));
+        }
+        // One wait after each attempt: the first send and `ack_retries`
+        // resends. The last wait repeats, so `ack_retries` waits (mpush's
+        // 3 and 3) or one more are both complete; other lengths are a typo.
+        let (n, r) = (d.ack_waits_ms.len(), d.ack_retries as usize);
+        if n != r && n != r + 1 {
+            return Err(invalid(
+                "delivery.ack_waits_ms",
+                format!(
+                    "{n} wait(s) for delivery.ack_retries = {r}: give {r} or {} (one after the first send and each resend; the last repeats)",
+                    r + 1
+                ),
             ));
         }
         if d.push_rate == 0 || d.broadcast_rate == 0 || d.broadcast_max == 0 {
@@ -820,9 +850,9 @@ impl Settings {
                 "needs 32 characters or more (e.g. `openssl rand -hex 32`)",
             ));
         }
-        if self.net.dev_loopback_transport
-            && (!self.net.trusted_proxies.is_empty() || !ws.is_some_and(|a| a.ip().is_loopback()))
-        {
+        let loopback_ws =
+            self.net.trusted_proxies.is_empty() && ws.is_some_and(|a| a.ip().is_loopback());
+        if self.net.dev_loopback_transport == Some(true) && !loopback_ws {
             return Err(invalid(
                 "net.dev_loopback_transport",
                 "is for development: it needs net.ws on a loopback address and no net.trusted_proxies",
@@ -880,7 +910,13 @@ impl Settings {
             )
             .map_err(|e| invalid("net.trusted_proxies", e))?,
         );
+        let loopback_transport = self
+            .net
+            .dev_loopback_transport
+            .unwrap_or(!self.tls.on("ws"))
+            && loopback_ws;
         Ok(Validated {
+            loopback_transport,
             settings: self,
             tcp,
             ws,
@@ -920,6 +956,10 @@ fn validate_tls(t: &TlsSettings) -> Result<Option<Arc<crate::tls::Tls>>, ConfigE
         .map(Some)
         .map_err(|e| invalid("tls.cert_file", e))
 }
+
+/// The shortest and longest ACK wait `delivery.ack_waits_ms` accepts.
+pub const MIN_ACK_WAIT_MS: u64 = 100;
+pub const MAX_ACK_WAIT_MS: u64 = 600_000;
 
 /// An `http_proxy.dns_mapping` backend that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1198,7 +1238,7 @@ mod tests {
     #[test]
     fn dev_loopback_transport_is_for_a_loopback_server_without_proxies() {
         let mut s = Settings::default();
-        s.net.dev_loopback_transport = true;
+        s.net.dev_loopback_transport = Some(true);
         assert!(s.clone().validate().is_ok(), "the loopback defaults");
         let mut proxied = s.clone();
         proxied.net.trusted_proxies = vec!["10.0.0.0/8".into()];

@@ -103,6 +103,11 @@ pub struct ForwardingHeaders {
 }
 
 impl ForwardingHeaders {
+    /// The request carries forwarding headers (it came through a proxy).
+    pub fn any(&self) -> bool {
+        self.xff.is_some() || self.xfp.is_some() || self.forwarded.is_some() || self.junk
+    }
+
     pub fn from_headers(h: &HeaderMap) -> Self {
         let mut junk = false;
         let mut all = |name: &str| {

@@ -41,6 +41,8 @@ pub use logic::Hub;
 
 /// A started server.
 pub struct Running {
+    /// This node's id (`cluster.node_id`).
+    pub node_id: String,
     pub tcp: SocketAddr,
     pub ws: Option<SocketAddr>,
     pub http: SocketAddr,
@@ -60,19 +62,29 @@ pub fn metrics_handle() -> PrometheusHandle {
     telemetry::handle()
 }
 
+/// Binds a listener; an error names the setting and the flag that move it
+/// (a second node on the same host needs its own ports).
+async fn bind(a: SocketAddr, what: &str, setting: &str, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(a).await.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!(
+                "; another process (another node?) listens there: give this one its own port with {setting} or {flag}"
+            )
+        } else {
+            format!("; set another address with {setting} or {flag}")
+        };
+        anyhow::anyhow!("binding {what} on {a} ({setting}): {e}{hint}")
+    })
+}
+
 /// Starts the server: the embedded in-memory default, or a cluster node when
 /// `cluster.redis` is set.
 pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
     let cfg = Arc::new(cfg);
-    let bind = |a: SocketAddr, what: &'static str| async move {
-        TcpListener::bind(a)
-            .await
-            .with_context(|| format!("binding {what} {a}"))
-    };
-    let tcp = bind(cfg.tcp, "TCP").await?;
-    let http = bind(cfg.http, "HTTP").await?;
+    let tcp = bind(cfg.tcp, "the TCP gateway", "net.tcp", "--tcp").await?;
+    let http = bind(cfg.http, "the HTTP API", "net.http", "--http").await?;
     let ws = match cfg.ws {
-        Some(a) => Some(bind(a, "WebSocket").await?),
+        Some(a) => Some(bind(a, "the WebSocket gateway", "net.ws", "--ws").await?),
         None => None,
     };
     let listeners = logic::Listeners {
@@ -89,9 +101,12 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
             .await
             .context("connecting to redis")?;
         let addr = &cfg.settings.cluster.internal;
-        let internal = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the node port {addr}"))?;
+        let internal = match addr.parse::<SocketAddr>() {
+            Ok(a) => bind(a, "the node port", "cluster.internal", "--node-port").await?,
+            Err(_) => TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the node port {addr} (cluster.internal)"))?,
+        };
         internal_addr = Some(internal.local_addr()?);
         cluster.set_addresses(
             listeners.tcp,
@@ -162,6 +177,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
         http_stopped,
     )));
     Ok(Running {
+        node_id: hub.node_id().to_owned(),
         tcp: listeners.tcp,
         ws: listeners.ws,
         http: listeners.http,

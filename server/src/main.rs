@@ -26,6 +26,12 @@ struct Cli {
     /// Cluster mode: share routes, sessions, inboxes, traces and topics through this Redis.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// This node's id (cluster.node_id); a cluster picks a random one when unset.
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// The node-to-node port's address (cluster.internal), for a second node on the same host.
+    #[arg(long, value_name = "ADDR")]
+    node_port: Option<String>,
     /// TOML settings file; MPUSH__SECTION__KEY environment variables override it.
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -107,8 +113,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Colour only on a terminal, and never with NO_COLOR set (no-color.org):
+    // a log file or a journal keeps no escape codes.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(filter);
     match cli.log_format {
         LogFormat::Text => logs.init(),
@@ -160,11 +171,19 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let mut settings = Settings::load(cli.config.as_deref())?;
+    let flags = Flags {
+        tcp: cli.tcp,
+        ws: cli.ws,
+        http: cli.http,
+        redis: cli.redis,
+        node_id: cli.node_id,
+        node_port: cli.node_port,
+    };
     match cli.command {
         Some(Sub::Config {
             command: ConfigCmd::Print,
         }) => {
-            apply_flags(&mut settings, cli.tcp, cli.ws, cli.http, cli.redis);
+            apply_flags(&mut settings, &flags);
             print!("{}", settings.to_toml_masked());
             return Ok(());
         }
@@ -192,11 +211,11 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {}
     }
-    apply_flags(&mut settings, cli.tcp, cli.ws, cli.http, cli.redis);
+    apply_flags(&mut settings, &flags);
     let cfg = settings.validate()?;
     let default_key = cfg.default_key;
     let open_api = cfg.settings.security.api_tokens.is_empty();
-    let dev_transport = cfg.settings.net.dev_loopback_transport;
+    let dev_transport = cfg.loopback_transport;
     let demo = mpush_server::api::demo_dir(&cfg.settings.net.demo_dir).is_some();
     let tls = cfg.settings.tls.clone();
     let (ws_scheme, http_scheme) = (
@@ -214,8 +233,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if dev_transport {
         tracing::warn!(
-            "net.dev_loopback_transport is on: plain ws:// from this machine skips mpush's RSA \
-             and AES (development only; never put a local reverse proxy in front of this server)"
+            "net.dev_loopback_transport is on (the default for a WebSocket gateway on loopback): \
+             browsers on this machine may use plain ws:// without mpush's RSA and AES; upgrades \
+             that carry forwarding headers never count. A reverse proxy on this machine that \
+             strips them: set net.dev_loopback_transport = false"
         );
     }
     if open_api {
@@ -223,7 +244,11 @@ async fn main() -> anyhow::Result<()> {
             "no security.api_tokens configured: the HTTP API answers loopback clients only"
         );
     }
-    println!("mpush-server listening:");
+    println!(
+        "mpush-server {} listening (node {}):",
+        env!("CARGO_PKG_VERSION"),
+        running.node_id
+    );
     println!(
         "  TCP gateway        {}{}",
         running.tcp,
@@ -236,6 +261,9 @@ async fn main() -> anyhow::Result<()> {
         "  HTTP API           {http_scheme}://{}/  (OpenAPI: /openapi.json, metrics: /metrics)",
         running.http
     );
+    if let Some(a) = running.internal {
+        println!("  Node port          {a}  (cluster.internal, --node-port)");
+    }
     if demo {
         println!(
             "  Demo page          {http_scheme}://{}/demo/",
@@ -243,35 +271,47 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("Push a first message:");
-    println!(
-        "  curl -s {http_scheme}://{}/api/v1/push -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",
-        loopback(running.http)
-    );
+    if open_api {
+        println!(
+            "  curl -s {http_scheme}://{}/api/v1/push -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",
+            loopback(running.http)
+        );
+    } else {
+        // The token itself is never printed: the shell variable stands for it.
+        println!("  export MPUSH_API_TOKEN=...   # one of security.api_tokens");
+        println!(
+            "  curl -s {http_scheme}://{}/api/v1/push -H \"authorization: Bearer $MPUSH_API_TOKEN\" \\\n    -H 'content-type: application/json' \\\n    -d '{{\"userId\":\"user-1\",\"content\":\"hello\",\"ackMode\":\"auto\",\"ttlSeconds\":600}}'",
+            loopback(running.http)
+        );
+    }
     shutdown_signal().await;
     tracing::info!("shutting down: draining connections");
     running.shutdown().await;
     Ok(())
 }
 
-fn apply_flags(
-    settings: &mut Settings,
+/// The flags that override settings (they win over the file and the environment).
+struct Flags {
     tcp: Option<String>,
     ws: Option<String>,
     http: Option<String>,
     redis: Option<String>,
-) {
-    if let Some(a) = tcp {
-        settings.net.tcp = a;
-    }
-    if let Some(a) = ws {
-        settings.net.ws = a;
-    }
-    if let Some(a) = http {
-        settings.net.http = a;
-    }
-    if let Some(r) = redis {
-        settings.cluster.redis = r;
-    }
+    node_id: Option<String>,
+    node_port: Option<String>,
+}
+
+fn apply_flags(settings: &mut Settings, f: &Flags) {
+    let set = |slot: &mut String, v: &Option<String>| {
+        if let Some(v) = v {
+            slot.clone_from(v);
+        }
+    };
+    set(&mut settings.net.tcp, &f.tcp);
+    set(&mut settings.net.ws, &f.ws);
+    set(&mut settings.net.http, &f.http);
+    set(&mut settings.cluster.redis, &f.redis);
+    set(&mut settings.cluster.node_id, &f.node_id);
+    set(&mut settings.cluster.internal, &f.node_port);
 }
 
 /// The key `token` signs with: `--key` (RS256 or ES256), else the configured secret.
@@ -286,6 +326,13 @@ fn mint_key(
             !settings.security.jwt_secret.is_empty(),
             "no signing key: set security.jwt_secret (or MPUSH__SECURITY__JWT_SECRET), or pass --key"
         );
+        // The same check the server makes at start: a token it could never
+        // verify is not minted.
+        mpush_server::auth::BindAuth::new(&settings.security.token_keys()).map_err(|e| {
+            anyhow::anyhow!(
+                "security.{e}: the server refuses this secret at start, so it mints no tokens with it"
+            )
+        })?;
         return Ok(MintKey::Secret(settings.security.jwt_secret.clone()));
     };
     let pem = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;

@@ -423,6 +423,86 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
     ),
 ];
 
+/// The label values each labelled metric is registered with at start, so
+/// that every series the dashboard and the docs name exists (at zero) on a
+/// fresh node: `rate(x) > 0` can then tell "none" from "missing". Metrics
+/// whose label values are open (a Redis command, a sink's name) start as one
+/// unlabelled zero series; the labelled ones appear beside it on first use
+/// (sums are unchanged).
+pub const LABELS: &[(&str, &str, &[&str])] = &[
+    (
+        "mpush_connections_refused_total",
+        "reason",
+        &["max_connections", "per_ip", "rate"],
+    ),
+    ("mpush_handshakes_total", "kind", &["full", "fast"]),
+    ("mpush_handshakes_refused_total", "reason", &["busy"]),
+    (
+        "mpush_handshake_duration_seconds",
+        "kind",
+        &["full", "fast"],
+    ),
+    ("mpush_api_refused_total", "reason", &["host", "origin"]),
+    (
+        "mpush_broadcast_condition_errors_total",
+        "kind",
+        &["type", "work", "memory"],
+    ),
+    (
+        "mpush_redis_errors_total",
+        "store",
+        &["routes", "sessions", "inbox", "traces", "idempotency"],
+    ),
+    (
+        "mpush_up_pushes_refused_total",
+        "reason",
+        &["conn_rate", "user_rate", "sink"],
+    ),
+    (
+        "mpush_http_proxy_requests_total",
+        "outcome",
+        &[
+            "forwarded",
+            "backend_error",
+            "bad_request",
+            "busy",
+            "response_too_large",
+            "timeout",
+            "too_large",
+            "unmapped",
+            "user_limit",
+            "conn_limit",
+        ],
+    ),
+];
+
+/// Registers every catalogued series at zero (see `LABELS`). Gauges that a
+/// sampler keeps are set by it within a second; they start at 0 here.
+fn zero_series() {
+    for (name, kind, ..) in CATALOG {
+        if *name == "mpush_build_info" {
+            continue;
+        }
+        let labelled = LABELS.iter().find(|(n, ..)| n == name);
+        let sets: Vec<Vec<(&'static str, &'static str)>> = match labelled {
+            Some((_, key, values)) => values.iter().map(|v| vec![(*key, *v)]).collect(),
+            None => vec![Vec::new()],
+        };
+        for labels in sets {
+            let labels: Vec<metrics::Label> = labels
+                .into_iter()
+                .map(|(k, v)| metrics::Label::new(k, v))
+                .collect();
+            match kind {
+                Counter => metrics::counter!(*name, labels).increment(0),
+                Gauge => metrics::gauge!(*name, labels).set(0.0),
+                // Registered: rendered with empty buckets until a sample.
+                Histogram => drop(metrics::histogram!(*name, labels)),
+            }
+        }
+    }
+}
+
 /// Seconds: from 100 µs to 30 s.
 const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -443,6 +523,7 @@ pub fn handle() -> PrometheusHandle {
             // Fails only if another recorder is installed; then ours just renders nothing.
             if metrics::set_global_recorder(recorder).is_ok() {
                 describe();
+                zero_series();
                 // Histogram samples wait in a buffer until folded into their
                 // buckets: fold them every few seconds, scraped or not, so a
                 // node nobody scrapes does not hold every sample.

@@ -694,11 +694,17 @@ async fn the_plaintext_profile_needs_tls_or_a_trusted_proxy_that_says_so() {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
     async fn try_profile(ws: std::net::SocketAddr) -> bool {
+        try_profile_with(ws, true).await
+    }
+
+    async fn try_profile_with(ws: std::net::SocketAddr, forwarded: bool) -> bool {
         let mut req = format!("ws://{ws}/")
             .into_client_request()
             .expect("request");
-        req.headers_mut()
-            .insert("x-forwarded-proto", "wss".parse().expect("header"));
+        if forwarded {
+            req.headers_mut()
+                .insert("x-forwarded-proto", "wss".parse().expect("header"));
+        }
         let (mut sock, _) = tokio_tungstenite::connect_async(req)
             .await
             .expect("upgrade");
@@ -754,18 +760,31 @@ async fn the_plaintext_profile_needs_tls_or_a_trusted_proxy_that_says_so() {
     let server = start(settings()).await;
     assert!(
         !try_profile(server.ws.expect("ws")).await,
-        "no trusted proxies at all: refused"
+        "no trusted proxies at all, and the upgrade came through a proxy: refused"
+    );
+    // net.dev_loopback_transport, unset: a WebSocket gateway on loopback
+    // without proxies takes the profile over plain ws:// from this machine
+    // (the browser's default module against `cargo run`'s server).
+    assert!(
+        try_profile_with(server.ws.expect("ws"), false).await,
+        "the default loopback server: the profile from loopback is allowed"
     );
     server.shutdown().await;
 
-    // net.dev_loopback_transport: a development server takes the profile
-    // over plain ws:// from this machine (the browser's default module).
     let mut dev = settings();
-    dev.net.dev_loopback_transport = true;
+    dev.net.dev_loopback_transport = Some(true);
     let server = start(dev).await;
     assert!(
-        try_profile(server.ws.expect("ws")).await,
+        try_profile_with(server.ws.expect("ws"), false).await,
         "a development server: the profile from loopback is allowed"
+    );
+    server.shutdown().await;
+    let mut off = settings();
+    off.net.dev_loopback_transport = Some(false);
+    let server = start(off).await;
+    assert!(
+        !try_profile_with(server.ws.expect("ws"), false).await,
+        "turned off: refused"
     );
     server.shutdown().await;
 }

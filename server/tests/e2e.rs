@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use mpush_protocol::client::ClientEvent;
 use mpush_protocol::session::Profile;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn handshake_bind_and_push_in_each_ack_mode_over_each_transport() {
@@ -708,24 +708,32 @@ async fn shutdown_redirects_v2_clients_and_keeps_unacked_messages() {
 #[tokio::test]
 async fn trace_shows_accepted_failed_and_per_message_ack_timeouts() {
     let mut s = settings();
-    s.delivery.ack_waits_ms = vec![60_000];
+    s.delivery.ack_waits_ms = vec![60_000; 3];
     s.delivery.inbox_max = 1;
     let server = start(s).await;
     let api = Api::new(&server);
-    // A broadcast nobody matches stays ACCEPTED.
+    // A broadcast nobody matches says so: finished, matched 0 (it is not
+    // left looking like one still running).
     let (_, r) = api
         .post(
             "/api/v1/broadcast",
             json!({"content": "nobody", "tags": ["none"]}),
         )
         .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (_, t) = api
-        .get(&format!(
-            "/api/v1/traces/{}",
-            r["traceId"].as_str().unwrap_or_default()
-        ))
-        .await;
+    let path = format!(
+        "/api/v1/traces/{}",
+        r["traceId"].as_str().unwrap_or_default()
+    );
+    let mut t = Value::Null;
+    for _ in 0..100 {
+        t = api.get(&path).await.1;
+        if t["broadcast"]["finished"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(t["broadcast"]["finished"], true, "{t}");
+    assert_eq!(t["broadcast"]["matched"], 0, "{t}");
     assert_eq!(t["state"], "ACCEPTED", "{t}");
     // A full inbox is reported, never silently dropped.
     api.post(

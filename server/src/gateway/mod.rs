@@ -64,7 +64,7 @@ impl GatewaySettings {
             write_timeout: cfg.write_timeout(),
             ws_read_buffer: l.ws_read_buffer,
             max_packet_size: l.max_packet_size,
-            dev_loopback_transport: cfg.settings.net.dev_loopback_transport,
+            dev_loopback_transport: cfg.loopback_transport,
             proxies: cfg.proxies.clone(),
         }
     }
@@ -299,7 +299,9 @@ where
         // may use the transport-secured profile (development only; the
         // setting needs a loopback listener and no proxies).
         Some(s) => {
-            let dev = gw.settings.dev_loopback_transport && peer.ip().is_loopback();
+            // A request that carries forwarding headers came through a
+            // proxy on this machine: its client is not local.
+            let dev = gw.settings.dev_loopback_transport && peer.ip().is_loopback() && !seen.any();
             Some((ws, peer, s, dev))
         }
         // Trusted proxies are configured: the client's address, and whether

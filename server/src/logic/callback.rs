@@ -281,12 +281,5 @@ fn terminal(state: TraceState, ack: bool) -> bool {
 
 /// Every copy a node dispatched reached a terminal state.
 fn settled(c: &StateCounts, ack: bool) -> bool {
-    let mut done = c.get(TraceState::Ack)
-        + c.get(TraceState::Timeout)
-        + c.get(TraceState::Failed)
-        + c.get(TraceState::Offline);
-    if !ack {
-        done += c.get(TraceState::Delivered);
-    }
-    done >= c.get(TraceState::Dispatched)
+    c.settled(ack)
 }

@@ -142,9 +142,16 @@ impl Hub {
         listeners: Listeners,
     ) -> Arc<Self> {
         let s = &cfg.settings;
-        let node_id = cluster
-            .as_ref()
-            .map_or_else(|| "local".to_owned(), |c| c.node_id.clone());
+        let node_id = cluster.as_ref().map_or_else(
+            || {
+                if s.cluster.node_id.is_empty() {
+                    "local".to_owned()
+                } else {
+                    s.cluster.node_id.clone()
+                }
+            },
+            |c| c.node_id.clone(),
+        );
         let table: Option<Arc<dyn RouteStore>> = cluster.as_ref().map(|c| {
             Arc::new(RedisRoutes::new(c.redis.clone(), s.cluster.route_ttl_secs))
                 as Arc<dyn RouteStore>
@@ -291,6 +298,12 @@ impl Hub {
     /// Pushes, their outcomes, traces, the inbox and topics.
     pub fn delivery(&self) -> &Arc<DeliveryService> {
         &self.delivery
+    }
+
+    /// This node's id (`cluster.node_id`, a random one in a cluster when
+    /// unset, `local` on a single node).
+    pub fn node_id(&self) -> &str {
+        self.delivery.router.node_id()
     }
 
     /// Bound connections on this node.

@@ -10,7 +10,8 @@ use serde::Serialize;
 use crate::auth::{BindAuth, TokenError};
 use crate::cluster::{Cluster, KickMsg};
 use crate::route::{
-    ConnCommand, ConnHandle, ConnInfo, ConnQueue, Kick, RouteError, Router, Tags, Target, Transport,
+    ConnCommand, ConnHandle, ConnInfo, ConnQueue, DeviceDetails, Kick, RouteError, Router, Tags,
+    Target, Transport,
 };
 use crate::store::{InboxStore, SessionStore, StoreError};
 
@@ -21,20 +22,37 @@ pub struct DeviceView {
     pub device_id: String,
     pub client_type: ClientType,
     pub node: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The fields below are null only for a route written by an older node.
     pub os_name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub os_version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub client_version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub connected_at_ms: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tags: Option<String>,
+}
+
+impl DeviceView {
+    /// One shape wherever the device is: the route row carries the details.
+    fn new(
+        device_id: String,
+        client_type: ClientType,
+        node: String,
+        d: Option<DeviceDetails>,
+    ) -> Self {
+        Self {
+            device_id,
+            client_type,
+            node,
+            os_name: d.as_ref().map(|d| d.os_name.clone()),
+            os_version: d.as_ref().map(|d| d.os_version.clone()),
+            client_version: d.as_ref().map(|d| d.client_version.clone()),
+            profile: d.as_ref().map(|d| d.profile.clone()),
+            transport: d.as_ref().map(|d| d.transport),
+            connected_at_ms: d.as_ref().map(|d| d.connected_at_ms),
+            tags: d.map(|d| d.tags),
+        }
+    }
 }
 
 /// A user, cluster-wide.
@@ -122,8 +140,9 @@ impl Sessions {
         let grant = self
             .auth
             .check(user_id, info.client_type, token)
-            .inspect_err(|_| {
+            .inspect_err(|e| {
                 metrics::counter!("mpush_bind_refused_total").increment(1);
+                log_refused_bind(user_id, info, e);
             })?;
         if let Some(prev) = previous.filter(|p| &***p != user_id) {
             self.router.unbind(prev, info.client_type, info.id).await;
@@ -232,33 +251,13 @@ impl Sessions {
         let devices: Vec<DeviceView> = targets
             .into_iter()
             .map(|t| match t {
-                Target::Local(h) => {
-                    let i = &h.info;
-                    DeviceView {
-                        device_id: i.device_id.to_string(),
-                        client_type: i.client_type,
-                        node: self.router.node_id().to_owned(),
-                        os_name: Some(i.os_name().to_owned()),
-                        os_version: Some(i.os_version().to_owned()),
-                        client_version: Some(i.client_version().to_owned()),
-                        profile: Some(format!("{:?}", i.profile).to_lowercase()),
-                        transport: Some(i.transport),
-                        connected_at_ms: Some(i.connected_at_ms),
-                        tags: Some(i.tags.read().as_str().to_owned()),
-                    }
-                }
-                Target::Remote(r) => DeviceView {
-                    device_id: r.device_id,
-                    client_type: r.client_type,
-                    node: r.node,
-                    os_name: None,
-                    os_version: None,
-                    client_version: None,
-                    profile: None,
-                    transport: None,
-                    connected_at_ms: None,
-                    tags: None,
-                },
+                Target::Local(h) => DeviceView::new(
+                    h.info.device_id.to_string(),
+                    h.info.client_type,
+                    self.router.node_id().to_owned(),
+                    Some(DeviceDetails::of(&h.info)),
+                ),
+                Target::Remote(r) => DeviceView::new(r.device_id, r.client_type, r.node, r.device),
             })
             .collect();
         let inbox = self.inbox.len(user).await?;
@@ -269,4 +268,32 @@ impl Sessions {
             inbox,
         })
     }
+}
+
+/// Logs a refused bind with its reason at the default level, at most one
+/// line a second (a client retrying a bad token in a loop must not flood
+/// the log); the line says how many were left out since the last one.
+fn log_refused_bind(user_id: &str, info: &ConnInfo, e: &TokenError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_SEC: AtomicU64 = AtomicU64::new(0);
+    static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
+    let now = u64::try_from(crate::clock::unix_ms() / 1000).unwrap_or(0);
+    let last = LAST_SEC.load(Ordering::Relaxed);
+    if now == last
+        || LAST_SEC
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        LEFT_OUT.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let left_out = LEFT_OUT.swap(0, Ordering::Relaxed);
+    tracing::warn!(
+        user = user_id,
+        device = %info.device_id,
+        client_type = ?info.client_type,
+        reason = %e,
+        left_out,
+        "bind refused (mpush_bind_refused_total; at most one such line a second, left_out counts the others)"
+    );
 }

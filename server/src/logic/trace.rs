@@ -33,6 +33,8 @@ enum Item {
     Event(TraceEvent),
     /// A broadcast's failure (already counted): kept by device, up to a bound.
     BroadcastFailure(TraceEvent),
+    /// This node handed every copy of a broadcast on (whether they wait for ACKs).
+    Handed(Arc<str>, bool),
 }
 
 pub struct Tracer {
@@ -131,6 +133,13 @@ impl Tracer {
             self.callbacks
                 .on_broadcast_counts(trace_id, &StateCounts::default());
         }
+    }
+
+    /// This node has handed every copy of broadcast `trace_id` on (`ack`:
+    /// they wait for ACKs): with its counts, the trace can say when the
+    /// broadcast is finished, and that it matched nobody here.
+    pub fn broadcast_handed(&self, trace_id: &Arc<str>, ack: bool) {
+        self.send(Item::Handed(trace_id.clone(), ack));
     }
 
     /// One recipient's state change.
@@ -262,6 +271,19 @@ async fn write(
                     }
                 }
                 Item::Event(e) => events.push(e),
+                Item::Handed(t, ack) => {
+                    // The counts so far travel with the mark, so the trace
+                    // never shows "handed" before what was dispatched.
+                    if let Some(c) = live.get(&t).map(|c| c.take())
+                        && !c.is_empty()
+                    {
+                        if callbacks.active() {
+                            callbacks.on_broadcast_counts(&t, &c);
+                        }
+                        entry(&mut counts, &node, &t).counts.merge(&c);
+                    }
+                    entry(&mut counts, &node, &t).handed = Some(ack);
+                }
             }
         }
         if !events.is_empty() {
@@ -343,5 +365,6 @@ fn entry<'a>(
         node: node.clone(),
         counts: StateCounts::default(),
         failures: Vec::new(),
+        handed: None,
     })
 }

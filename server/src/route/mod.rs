@@ -47,7 +47,7 @@ pub struct Kick {
 }
 
 /// Which gateway a connection came through (with or without TLS).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
     /// The TCP gateway (mpush's binary packets).
@@ -144,6 +144,38 @@ pub struct Route {
     pub conn_id: u64,
     #[serde(default)]
     pub device_id: String,
+    /// What the user view shows of the device, whatever node it is on
+    /// (absent in rows written by an older node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceDetails>,
+}
+
+/// A bound device as `GET /api/v1/users/{id}` shows it (the route row
+/// carries it, so a device on another node looks the same).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceDetails {
+    pub os_name: String,
+    pub os_version: String,
+    pub client_version: String,
+    pub profile: String,
+    pub transport: Transport,
+    pub connected_at_ms: i64,
+    pub tags: String,
+}
+
+impl DeviceDetails {
+    pub fn of(i: &ConnInfo) -> Self {
+        Self {
+            os_name: i.os_name().to_owned(),
+            os_version: i.os_version().to_owned(),
+            client_version: i.client_version().to_owned(),
+            profile: format!("{:?}", i.profile).to_lowercase(),
+            transport: i.transport,
+            connected_at_ms: i.connected_at_ms,
+            tags: i.tags.read().as_str().to_owned(),
+        }
+    }
 }
 
 /// The route table could not be read or written.
@@ -217,6 +249,10 @@ impl Router {
             node: self.node_id.clone(),
             conn_id: handle.info.id,
             device_id: handle.info.device_id.to_string(),
+            device: self
+                .table
+                .is_some()
+                .then(|| DeviceDetails::of(&handle.info)),
         };
         let replaced = self.local.bind(user, handle);
         let remote = match &self.table {
@@ -349,6 +385,7 @@ impl Router {
                     node: self.node_id.clone(),
                     conn_id: h.info.id,
                     device_id: h.info.device_id.to_string(),
+                    device: Some(DeviceDetails::of(&h.info)),
                 };
                 (user, route)
             })

@@ -188,6 +188,8 @@ struct TraceEntry {
     index: FxHashMap<(Arc<str>, Arc<str>), usize>,
     /// A broadcast's counts per node, and its failures.
     counts: FxHashMap<Arc<str>, StateCounts>,
+    /// The nodes that handed every copy on, and whether theirs wait for ACKs.
+    handed: FxHashMap<Arc<str>, bool>,
     failures: Vec<Failure>,
     /// What this entry costs, roughly (counted into `MemoryTraces::bytes`).
     size: usize,
@@ -314,6 +316,9 @@ impl TraceMap {
                 StateCounts::default()
             })
             .merge(&c.counts);
+        if let Some(ack) = c.handed {
+            entry.handed.insert(c.node.clone(), ack);
+        }
         for f in &c.failures {
             if entry.failures.len() >= MAX_FAILURES * entry.counts.len().max(1) {
                 break;
@@ -386,6 +391,7 @@ pub(crate) fn view(
     created_at_ms: i64,
     recipients: Vec<RecipientState>,
     nodes: Vec<(String, StateCounts)>,
+    handed: &std::collections::BTreeMap<String, bool>,
     failures: Vec<Failure>,
 ) -> TraceView {
     let recipients = merge_placeholders(recipients);
@@ -398,7 +404,13 @@ pub(crate) fn view(
         if recipients.is_empty() {
             state = total.overall();
         }
+        let finished = !handed.is_empty()
+            && nodes
+                .iter()
+                .all(|(n, c)| handed.get(n).is_some_and(|ack| c.settled(*ack)));
         BroadcastView {
+            matched: total.get(TraceState::Dispatched),
+            finished,
             total: total.named(),
             nodes: nodes.into_iter().map(|(n, c)| (n, c.named())).collect(),
             failures,
@@ -428,6 +440,7 @@ impl TraceStore for MemoryTraces {
                 recipients: Vec::new(),
                 index: FxHashMap::default(),
                 counts: FxHashMap::default(),
+                handed: FxHashMap::default(),
                 failures: Vec::new(),
                 size,
             });
@@ -474,11 +487,13 @@ impl TraceStore for MemoryTraces {
         let mut nodes: Vec<(String, StateCounts)> =
             e.counts.iter().map(|(n, c)| (n.to_string(), *c)).collect();
         nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        let handed = e.handed.iter().map(|(n, a)| (n.to_string(), *a)).collect();
         Ok(Some(view(
             trace_id,
             e.created_at_ms,
             e.recipients.clone(),
             nodes,
+            &handed,
             e.failures.clone(),
         )))
     }
@@ -671,6 +686,7 @@ mod tests {
             node: "n1".into(),
             counts,
             failures,
+            handed: None,
         };
         let before = t.bytes();
         for _ in 0..100 {

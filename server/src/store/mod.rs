@@ -151,6 +151,17 @@ impl StateCounts {
             .collect()
     }
 
+    /// Every copy counted here reached a state after which nothing more is
+    /// expected (`ack`: the copies wait for an ACK).
+    pub fn settled(&self, ack: bool) -> bool {
+        use TraceState::*;
+        let mut done = self.get(Ack) + self.get(Timeout) + self.get(Failed) + self.get(Offline);
+        if !ack {
+            done += self.get(Delivered);
+        }
+        done >= self.get(Dispatched)
+    }
+
     /// How far the broadcast got: every copy written, acknowledged, or still
     /// under way.
     pub fn overall(&self) -> TraceState {
@@ -194,6 +205,13 @@ pub const MAX_FAILURES: usize = 100;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct BroadcastView {
+    /// Connections the broadcast matched, on every node that reported (0
+    /// included: a broadcast that matched nobody says so).
+    pub matched: u64,
+    /// Every node that reported has handed on every copy, and each copy
+    /// reached a state after which nothing more happens (ACK, or DELIVERED
+    /// when no ACK is asked; TIMEOUT, FAILED, OFFLINE).
+    pub finished: bool,
     pub total: BTreeMap<&'static str, u64>,
     pub nodes: BTreeMap<String, BTreeMap<&'static str, u64>>,
     pub failures: Vec<Failure>,
@@ -230,6 +248,9 @@ pub struct TraceCounts {
     pub node: Arc<str>,
     pub counts: StateCounts,
     pub failures: Vec<Failure>,
+    /// Set when this node has selected the broadcast's recipients and handed
+    /// every copy on: whether its copies wait for ACKs.
+    pub handed: Option<bool>,
 }
 
 #[async_trait]

@@ -356,6 +356,17 @@ impl TraceStore for RedisTraces {
                         .ignore();
                 }
             }
+            if let Some(ack) = tc.handed {
+                // The node appears even when it matched nobody.
+                p.hincr(
+                    &key,
+                    format!("n:{}:{}", tc.node, TraceState::Dispatched.name()),
+                    0,
+                )
+                .ignore();
+                p.hset(&key, format!("h:{}", tc.node), if ack { "1" } else { "0" })
+                    .ignore();
+            }
             for f in &tc.failures {
                 let v = serde_json::to_string(f).unwrap_or_default();
                 p.hset(&key, format!("f:{}|{}", f.user_id, f.device_id), v)
@@ -385,8 +396,13 @@ impl TraceStore for RedisTraces {
         let mut nodes: std::collections::BTreeMap<String, StateCounts> = Default::default();
         let mut failures = Vec::new();
         let mut recipients = Vec::new();
+        let mut handed = std::collections::BTreeMap::new();
         for (k, v) in &all {
             if k == "_meta" {
+                continue;
+            }
+            if let Some(node) = k.strip_prefix("h:") {
+                handed.insert(node.to_owned(), v == "1");
                 continue;
             }
             if let Some(rest) = k.strip_prefix("n:") {
@@ -413,6 +429,7 @@ impl TraceStore for RedisTraces {
             created_at_ms,
             recipients,
             nodes.into_iter().collect(),
+            &handed,
             failures,
         )))
     }

@@ -92,12 +92,23 @@ impl TestClient {
         dev: DeviceInfo,
         ticket: Option<ResumeTicket>,
     ) -> Self {
-        let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), dev);
-        cfg.offer_v2 = v2;
         let addr = match via {
             Via::Tcp => server.tcp,
             Via::Ws => server.ws.expect("ws enabled"),
         };
+        Self::connect_to(addr, via, v2, dev, ticket).await
+    }
+
+    /// Connects to a gateway at `addr` (a server in another process).
+    pub async fn connect_to(
+        addr: SocketAddr,
+        via: Via,
+        v2: bool,
+        dev: DeviceInfo,
+        ticket: Option<ResumeTicket>,
+    ) -> Self {
+        let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), dev);
+        cfg.offer_v2 = v2;
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let stream = TcpStream::connect(addr).await.expect("connects");

@@ -77,7 +77,7 @@ impl DeliveryService {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "broadcast filter failed");
-                    return 0;
+                    Vec::new()
                 }
             }
         } else {
@@ -105,6 +105,8 @@ impl DeliveryService {
                 self.hand_over(h, user, &push, true);
             }
         }
+        self.tracer
+            .broadcast_handed(&trace_id, spec.ack_mode != AckMode::None);
         metrics::counter!("mpush_broadcast_deliveries_total").increment(targets.len() as u64);
         targets.len()
     }
