@@ -4,12 +4,14 @@
 // ?sdk=default|classic (which module of the package).
 //
 // The package's default module has no RSA or AES (ADR 0005): it needs wss://,
-// or ws:// to a development server on this machine started with
-// `net.dev_loopback_transport`. A page served over plain http (the server's
-// defaults) uses `mpush-sdk/classic`, which does mpush's RSA and AES handshake.
+// or ws:// to a server on this machine (a WebSocket gateway on loopback counts
+// as secure: the server's defaults). So a page served over https://, or from
+// this machine, loads it; a page served over plain http from another host
+// uses `mpush-sdk/classic`, which does mpush's RSA and AES handshake.
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const module = params.get("sdk") ?? (location.protocol === "https:" ? "default" : "classic");
+const local = ["127.0.0.1", "localhost", "[::1]"].includes(location.hostname);
+const module = params.get("sdk") ?? (location.protocol === "https:" || local ? "default" : "classic");
 
 let sdk;
 try {

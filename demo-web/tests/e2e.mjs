@@ -41,9 +41,6 @@ const server = await startServer({
   http: `127.0.0.1:${httpPort}`,
   env: {
     MPUSH__NET__DEMO_DIR: join(root, "demo-web"),
-    // A development server: the package's default module (no RSA or AES)
-    // may use ws:// to it, and the page loads that module (?sdk=default).
-    MPUSH__NET__DEV_LOOPBACK_TRANSPORT: "true",
     MPUSH__SINKS__WEBHOOKS: `[{url="http://127.0.0.1:${hookPort}/",secret="${secret}"}]`,
   },
 });
@@ -67,7 +64,9 @@ let ok = false;
 try {
   const user = `demo-${process.pid}`;
   // Reconnect delay 1.5-2.5 s: room to push while the page is away.
-  await page.goto(`${server.apiUrl}/demo/?user=${user}&backoffMs=2000&sdk=default`);
+  // No ?sdk=: a page from this machine loads the default module (no RSA or
+  // AES), which the server's loopback WebSocket gateway takes over ws://.
+  await page.goto(`${server.apiUrl}/demo/?user=${user}&backoffMs=2000`);
   await page.locator("#state[data-state=connected]").waitFor({ timeout: 15000 });
   await page.locator(`body[data-bound="${user}"]`).waitFor({ timeout: 15000 });
   assert.equal(await page.locator("body").getAttribute("data-sdk"), "default");

@@ -1,7 +1,12 @@
-// The types of mpush-sdk (and of mpush-sdk/tls, the same API without RSA and
-// AES for wss:// servers of this project). Hand-written: the client is
-// sdk-wasm/js/client.js over the wasm core; this file is checked by the
-// package's smoke test (tsc --strict on a consumer).
+// The types of both modules of the package, one API:
+//   - `mpush-sdk`: the transport-secured profile only (ADR 0005), without RSA
+//     and AES: `wss://` servers of this project, or `ws://` to a server on
+//     this machine whose WebSocket gateway listens on loopback (the default
+//     of `cargo run -p mpush-server`);
+//   - `mpush-sdk/classic`: the same plus mpush's RSA and AES handshake, for
+//     `ws://` servers elsewhere and Java mpush servers.
+// Hand-written: the client is sdk-wasm/js/client.js over the wasm core; this
+// file is checked by the package's smoke test (tsc --strict on a consumer).
 
 /** Where the SDK keeps the resume ticket and the device id: `localStorage` by default. */
 export interface TicketStorage {
@@ -27,7 +32,9 @@ export interface PushClientOptions {
   /** An allocator whose GET answers a comma-separated list of gateway URLs
    *  (the server's `/?transport=ws`); asked before each round of attempts. */
   allocatorUrl?: string;
-  /** The server's RSA public key, PEM or base64 X.509. Default: mpush's public default key. */
+  /** `mpush-sdk/classic` only (the default module has no RSA and ignores it): the server's
+   *  RSA public key, PEM or base64 X.509, as `mpush-server keygen` prints it. Default: mpush's
+   *  published key, which a server with its own key refuses. */
   publicKey?: string;
   /** Default: a random id made once and kept in `storage`. */
   deviceId?: string;
@@ -131,7 +138,10 @@ export type PushEvent =
 export interface BindOptions {
   /** Tags the server filters broadcasts on: an array or a comma-separated string. */
   tags?: string | string[];
-  /** The bind token, when the server checks one (`security.bind_secret`). */
+  /** The bind token, when the server checks one: a JWT from your backend, signed with
+   *  `security.jwt_secret` (HS256) or the key of `security.jwt_public_key` (RS256/ES256),
+   *  as `mpush-server token --user ID` mints for tests; or mpush's
+   *  `security.bind_secret` form. */
   token?: string;
 }
 

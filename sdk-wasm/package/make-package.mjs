@@ -42,7 +42,7 @@ const manifest = {
   types: "./mpush_sdk.d.ts",
   exports: {
     // The transport-secured profile only (ADR 0005): wss://, or ws:// to a
-    // development server on this machine; no RSA or AES. 60 KiB gzipped.
+    // server on this machine (loopback); no RSA or AES. 60 KiB gzipped.
     ".": { types: "./mpush_sdk.d.ts", default: "./mpush_sdk.js" },
     "./mpush_sdk_core_bg.wasm": "./mpush_sdk_core_bg.wasm",
     // The same API with mpush's RSA and AES handshake: ws:// anywhere, legacy mpush servers.

@@ -151,8 +151,8 @@ try {
   const ws = process.env.MPUSH_TEST_WS;
   const api = process.env.MPUSH_TEST_API;
   if (ws && api && typeof WebSocket === "function") {
-    // The default module over ws:// to this machine: the server runs with
-    // net.dev_loopback_transport (scripts/test-web), as a development server.
+    // The default module over ws:// to this machine: the server's WebSocket
+    // gateway listens on loopback (its default), which counts as secure.
     for (const [name, mod] of [["mpush-sdk (transport-secured profile)", sdk], ["mpush-sdk/classic (RSA and AES)", classic]]) {
     await check(`${name}: connects over Node's WebSocket, binds, receives and acknowledges a push`, async () => {
       const got = [];
