@@ -73,6 +73,22 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
         .await;
     let hops = t.to_string();
     assert!(hops.contains("forwarded from node A to node B"), "{t}");
+    // One device shape whatever node is asked: node A shows the device on
+    // B with every field B shows.
+    let (_, via_a) = api_a.get("/api/v1/users/bea").await;
+    let (_, via_b) = Api::new(&n[1]).get("/api/v1/users/bea").await;
+    assert_eq!(via_a["devices"], via_b["devices"], "{via_a} {via_b}");
+    let d = &via_a["devices"][0];
+    assert_eq!(d["tags"], "vip", "{via_a}");
+    for field in [
+        "osName",
+        "clientVersion",
+        "profile",
+        "transport",
+        "connectedAtMs",
+    ] {
+        assert!(!d[field].is_null(), "{field} missing: {via_a}");
+    }
     assert!(
         hops.contains("DISPATCHED") && t["recipients"][0]["deviceId"] == "bea-phone",
         "{t}"
@@ -287,22 +303,6 @@ async fn a_kept_message_reaches_a_user_connected_elsewhere_without_a_new_bind() 
     on_b.message("kept").await;
     // Delivered, not kept twice: it left the inbox (no ACK mode).
     inbox_empties(&api_a, "kip").await;
-    // One device shape whatever node is asked: node A shows the device on
-    // B with every field B shows.
-    let (_, via_a) = api_a.get("/api/v1/users/kip").await;
-    let (_, via_b) = Api::new(&n[1]).get("/api/v1/users/kip").await;
-    assert_eq!(via_a["devices"], via_b["devices"], "{via_a} {via_b}");
-    let d = &via_a["devices"][0];
-    for field in [
-        "osName",
-        "clientVersion",
-        "profile",
-        "transport",
-        "connectedAtMs",
-        "tags",
-    ] {
-        assert!(!d[field].is_null(), "{field} missing: {via_a}");
-    }
     for node in n {
         node.shutdown().await;
     }
