@@ -110,7 +110,7 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     assert_eq!(r["dispatched"], 1, "{r}");
 
     // Broadcast from C reaches the vip users on A and B... (bea moved: ada only + cal not vip)
-    let (st, _) = api_c
+    let (st, everyone) = api_c
         .post(
             "/api/v1/broadcast",
             json!({"content": "everyone", "condition": "true"}),
@@ -120,6 +120,39 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     on_a.message("everyone").await;
     on_c.message("everyone").await;
     on_b.message("everyone").await;
+    // Its trace: the three nodes it reached each reported, and it matched
+    // every connection (four: C holds two by now); finished once the copies
+    // are settled. A broadcast that
+    // matched nobody is finished at once, with matched 0 on every node.
+    let (st, nobody) = api_a
+        .post(
+            "/api/v1/broadcast",
+            json!({"content": "nobody", "tags": ["no-such-tag"]}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    for (r, matched) in [(&everyone, 4), (&nobody, 0)] {
+        let path = format!("/api/v1/traces/{}", r["traceId"].as_str().unwrap_or(""));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let t = loop {
+            let (_, t) = Api::new(&n[1]).get(&path).await;
+            if t["broadcast"]["finished"] == true {
+                break t;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never finished: {t}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(t["broadcast"]["matched"], matched, "{t}");
+        assert_eq!(t["broadcast"]["nodesExpected"], 3, "{t}");
+        assert_eq!(
+            t["broadcast"]["nodes"].as_object().map(|n| n.len()),
+            Some(3),
+            "{t}"
+        );
+    }
     let (st, _) = api_c
         .post(
             "/api/v1/broadcast",

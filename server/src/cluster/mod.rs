@@ -369,7 +369,9 @@ impl Cluster {
     }
 
     /// Publishes a broadcast to every node (this one included).
-    pub async fn publish_broadcast(&self, msg: &BroadcastMsg) -> Result<(), redis::RedisError> {
+    /// Publishes a broadcast; how many nodes it reached (each handles it and
+    /// reports to its trace).
+    pub async fn publish_broadcast(&self, msg: &BroadcastMsg) -> Result<u64, redis::RedisError> {
         self.publish(
             "mp:broadcast",
             serde_json::to_string(msg).unwrap_or_default(),
@@ -382,6 +384,7 @@ impl Cluster {
     pub async fn publish_kept(&self, msg: &KeptMsg) -> Result<(), redis::RedisError> {
         self.publish("mp:kept", serde_json::to_string(msg).unwrap_or_default())
             .await
+            .map(|_| ())
     }
 
     /// Sends a kick to the node holding the connection.
@@ -391,10 +394,12 @@ impl Cluster {
             serde_json::to_string(msg).unwrap_or_default(),
         )
         .await
+        .map(|_| ())
     }
 
-    /// PUBLISH, or SPUBLISH (sharded pub/sub) on a Redis Cluster.
-    async fn publish(&self, channel: &str, payload: String) -> Result<(), redis::RedisError> {
+    /// PUBLISH, or SPUBLISH (sharded pub/sub) on a Redis Cluster: how many
+    /// subscribers got it.
+    async fn publish(&self, channel: &str, payload: String) -> Result<u64, redis::RedisError> {
         let mut c = self.redis.conn();
         let cmd = if self.redis.cluster_nodes().is_some() {
             "SPUBLISH"
@@ -406,7 +411,7 @@ impl Cluster {
             .arg(payload)
             .query_async::<i64>(&mut c)
             .await
-            .map(|_| ())
+            .map(|n| u64::try_from(n).unwrap_or(0))
     }
 
     /// Background work: renewing the registration and the pub/sub

@@ -135,6 +135,12 @@ impl Tracer {
         }
     }
 
+    /// A cluster broadcast reached `nodes` nodes: its trace is finished once
+    /// each has reported.
+    pub async fn expect_nodes(&self, trace_id: &str, nodes: u64) -> Result<(), StoreError> {
+        self.store.expect_nodes(trace_id, nodes).await
+    }
+
     /// This node has handed every copy of broadcast `trace_id` on (`ack`:
     /// they wait for ACKs): with its counts, the trace can say when the
     /// broadcast is finished, and that it matched nobody here.

@@ -392,6 +392,7 @@ pub(crate) fn view(
     recipients: Vec<RecipientState>,
     nodes: Vec<(String, StateCounts)>,
     handed: &std::collections::BTreeMap<String, bool>,
+    nodes_expected: Option<u64>,
     failures: Vec<Failure>,
 ) -> TraceView {
     let recipients = merge_placeholders(recipients);
@@ -404,13 +405,16 @@ pub(crate) fn view(
         if recipients.is_empty() {
             state = total.overall();
         }
+        // In a cluster, every node the broadcast reached must have reported.
         let finished = !handed.is_empty()
+            && nodes_expected.is_none_or(|n| handed.len() as u64 >= n)
             && nodes
                 .iter()
                 .all(|(n, c)| handed.get(n).is_some_and(|ack| c.settled(*ack)));
         BroadcastView {
             matched: total.get(TraceState::Dispatched),
             finished,
+            nodes_expected,
             total: total.named(),
             nodes: nodes.into_iter().map(|(n, c)| (n, c.named())).collect(),
             failures,
@@ -494,6 +498,7 @@ impl TraceStore for MemoryTraces {
             e.recipients.clone(),
             nodes,
             &handed,
+            None,
             e.failures.clone(),
         )))
     }

@@ -212,6 +212,9 @@ pub struct BroadcastView {
     /// reached a state after which nothing more happens (ACK, or DELIVERED
     /// when no ACK is asked; TIMEOUT, FAILED, OFFLINE).
     pub finished: bool,
+    /// In a cluster: how many nodes the broadcast reached (they each report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes_expected: Option<u64>,
     pub total: BTreeMap<&'static str, u64>,
     pub nodes: BTreeMap<String, BTreeMap<&'static str, u64>>,
     pub failures: Vec<Failure>,
@@ -261,6 +264,13 @@ pub trait TraceStore: Send + Sync + 'static {
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError>;
     /// Adds a node's counts to broadcasts' traces.
     async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError>;
+    /// A cluster broadcast reached `nodes` nodes (what PUBLISH answered): it
+    /// is finished only once that many have reported. A store that never
+    /// hears of it (one node) needs no count.
+    async fn expect_nodes(&self, trace_id: &str, nodes: u64) -> Result<(), StoreError> {
+        let _ = (trace_id, nodes);
+        Ok(())
+    }
     async fn get(&self, trace_id: &str) -> Result<Option<TraceView>, StoreError>;
 }
 

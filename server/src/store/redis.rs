@@ -345,6 +345,22 @@ impl TraceStore for RedisTraces {
         results.into_iter().collect()
     }
 
+    async fn expect_nodes(&self, trace_id: &str, nodes: u64) -> Result<(), StoreError> {
+        let key = format!("mp:trace:{trace_id}");
+        let mut c = self.redis.conn();
+        let res: redis::RedisResult<()> = redis::pipe()
+            .hset(&key, "x", nodes)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(self.ttl_secs)
+            .arg("NX")
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        check("traces", "trace expect", res)
+    }
+
     async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError> {
         for tc in counts {
             let key = format!("mp:trace:{}", tc.trace_id);
@@ -397,8 +413,15 @@ impl TraceStore for RedisTraces {
         let mut failures = Vec::new();
         let mut recipients = Vec::new();
         let mut handed = std::collections::BTreeMap::new();
+        // A cluster broadcast without the count of nodes it reached (not
+        // written yet, or Redis refused it) is not known to be finished.
+        let mut expected = Some(u64::MAX);
         for (k, v) in &all {
             if k == "_meta" {
+                continue;
+            }
+            if k == "x" {
+                expected = v.parse().ok().or(expected);
                 continue;
             }
             if let Some(node) = k.strip_prefix("h:") {
@@ -430,6 +453,7 @@ impl TraceStore for RedisTraces {
             recipients,
             nodes.into_iter().collect(),
             &handed,
+            expected,
             failures,
         )))
     }

@@ -26,10 +26,16 @@ impl DeliveryService {
                 message_id,
                 callback: spec.callback.as_ref().map(CallbackTarget::to_wire),
             };
-            return cl
+            let nodes = cl
                 .publish_broadcast(&msg)
                 .await
-                .map_err(|e| SendError::Unavailable(format!("cluster unavailable: {e}")));
+                .map_err(|e| SendError::Unavailable(format!("cluster unavailable: {e}")))?;
+            // Started: the answer stays 202 even if the count cannot be
+            // written; the trace then never claims to be finished.
+            if let Err(e) = self.tracer.expect_nodes(&trace_id, nodes).await {
+                tracing::warn!(trace = %trace_id, error = %e, "broadcast trace: the count of nodes was not recorded");
+            }
+            return Ok(());
         }
         if let Some(target) = spec.callback.clone() {
             self.tracer
