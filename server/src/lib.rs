@@ -80,6 +80,9 @@ async fn bind(a: SocketAddr, what: &str, setting: &str, flag: &str) -> anyhow::R
 /// Starts the server: the embedded in-memory default, or a cluster node when
 /// `cluster.redis` is set.
 pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
+    // The recorder first: what the services register while they start
+    // (a sink's zero series) is then recorded, not lost to the no-op one.
+    let metrics = metrics_handle();
     let cfg = Arc::new(cfg);
     let tcp = bind(cfg.tcp, "the TCP gateway", "net.tcp", "--tcp").await?;
     let http = bind(cfg.http, "the HTTP API", "net.http", "--http").await?;
@@ -156,7 +159,7 @@ pub async fn start(cfg: Validated) -> anyhow::Result<Running> {
     let state = api::ApiState {
         svc: Arc::new(api::HubService(hub.clone())),
         settings: Arc::new(api::ApiSettings::new(&cfg)),
-        metrics: metrics_handle(),
+        metrics,
     };
     let app = api::router(state);
     let l = &cfg.settings.limits;

@@ -464,3 +464,34 @@ fn a_refused_preflight_is_json_that_says_why() {
         "{body}"
     );
 }
+
+/// A configured sink's series carry its name from start, at zero.
+#[test]
+fn a_configured_sink_has_its_labelled_series_from_start() {
+    let p = Proc::start(
+        LOCAL,
+        &[(
+            "MPUSH__SINKS__WEBHOOKS",
+            "[{url=\"http://127.0.0.1:9/hook\",secret=\"sink-secret-0123456789\"}]",
+        )],
+    )
+    .expect("starts");
+    let http = p.addr("HTTP API");
+    let text = reqwest::blocking::get(format!("http://{http}/metrics"))
+        .expect("scrape")
+        .text()
+        .expect("text");
+    for metric in [
+        "mpush_sink_events_delivered_total{sink=",
+        "mpush_sink_retries_total{sink=",
+        "mpush_sink_refused_total{sink=",
+        "mpush_sink_events_dropped_total{sink=",
+        "mpush_sink_queue_depth{sink=",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(metric) && l.ends_with(" 0")),
+            "{metric} at zero not on /metrics:\n{text}"
+        );
+    }
+}

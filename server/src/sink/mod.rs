@@ -99,6 +99,19 @@ impl Queue {
         let (tx, rx) = mpsc::channel(capacity);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let name: Arc<str> = name.into();
+        // This sink's series exist from start, at zero (telemetry::LABELS).
+        for metric in [
+            "mpush_sink_events_delivered_total",
+            "mpush_sink_retries_total",
+            "mpush_sink_refused_total",
+        ] {
+            metrics::counter!(metric, "sink" => name.to_string()).increment(0);
+        }
+        for k in &kinds {
+            metrics::counter!("mpush_sink_events_dropped_total", "sink" => name.to_string(), "kind" => kind_name(*k))
+                .increment(0);
+        }
+        metrics::gauge!("mpush_sink_queue_depth", "sink" => name.to_string()).set(0.0);
         let in_flight = Arc::new(AtomicUsize::new(0));
         for _ in 0..concurrency {
             tokio::spawn(
