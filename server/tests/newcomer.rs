@@ -77,6 +77,24 @@ impl Proc {
         })
     }
 
+    /// `start` from a tokio test: on the blocking pool (it waits for the
+    /// banner), not on the runtime's worker.
+    async fn start_off_runtime(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        let args = own(args);
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let e: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            Self::start(&a, &e)
+        })
+        .await
+        .expect("join")
+    }
+
     /// The address after `label` in the banner.
     fn addr(&self, label: &str) -> String {
         let line = self
@@ -214,16 +232,9 @@ async fn a_second_node_on_one_host_is_told_which_setting_to_change() {
         "--node-port",
         &node_port,
     ]);
-    let first = tokio::task::spawn_blocking({
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        move || {
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            Proc::start(&a, &[])
-        }
-    })
-    .await
-    .expect("join")
-    .expect("the first node starts");
+    let first = Proc::start_off_runtime(&args, &[])
+        .await
+        .expect("the first node starts");
     assert!(first.banner.contains("(node node-a)"), "{}", first.banner);
     assert!(
         first
@@ -234,15 +245,7 @@ async fn a_second_node_on_one_host_is_told_which_setting_to_change() {
     );
     let n = args.len();
     args[n - 3] = "node-b";
-    let second = tokio::task::spawn_blocking({
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        move || {
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            Proc::start(&a, &[])
-        }
-    })
-    .await
-    .expect("join");
+    let second = Proc::start_off_runtime(&args, &[]).await;
     let Err(out) = second else {
         panic!("a second node on the same node port started")
     };
@@ -313,12 +316,9 @@ fn with_api_tokens_the_banner_curl_has_the_authorization_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_bind_is_logged_with_its_reason() {
     let secret = "jwt-secret-0123456789abcdef0123456789";
-    let p = tokio::task::spawn_blocking(move || {
-        Proc::start(LOCAL, &[("MPUSH__SECURITY__JWT_SECRET", secret)])
-    })
-    .await
-    .expect("join")
-    .expect("starts");
+    let p = Proc::start_off_runtime(LOCAL, &[("MPUSH__SECURITY__JWT_SECRET", secret)])
+        .await
+        .expect("starts");
     let tcp: std::net::SocketAddr = p.addr("TCP gateway").parse().expect("addr");
     let mut c = TestClient::connect_to(tcp, Via::Tcp, true, device("bad-1", "android"), None).await;
     c.connected().await;

@@ -283,10 +283,7 @@ async fn write(
                     if let Some(c) = live.get(&t).map(|c| c.take())
                         && !c.is_empty()
                     {
-                        if callbacks.active() {
-                            callbacks.on_broadcast_counts(&t, &c);
-                        }
-                        entry(&mut counts, &node, &t).counts.merge(&c);
+                        fold(&t, &c, &node, &mut counts, &callbacks);
                     }
                     entry(&mut counts, &node, &t).handed = Some(ack);
                 }
@@ -330,10 +327,7 @@ fn flush_live(
             }
             continue;
         }
-        if callbacks.active() {
-            callbacks.on_broadcast_counts(e.key(), &c);
-        }
-        entry(counts, node, e.key()).counts.merge(&c);
+        fold(e.key(), &c, node, counts, callbacks);
     }
     for k in quiet {
         live.remove(&k);
@@ -346,11 +340,7 @@ fn flush_live(
         all.sort();
         for (_, k) in all.into_iter().take(live.len() - BROADCASTS) {
             if let Some((k, c)) = live.remove(&k) {
-                let c = c.take();
-                if callbacks.active() {
-                    callbacks.on_broadcast_counts(&k, &c);
-                }
-                entry(counts, node, &k).counts.merge(&c);
+                fold(&k, &c.take(), node, counts, callbacks);
             }
         }
     }
@@ -359,6 +349,21 @@ fn flush_live(
 fn lost(n: usize, why: &str) {
     metrics::counter!("mpush_trace_events_lost_total").increment(n as u64);
     tracing::warn!(n, why, "trace events lost");
+}
+
+/// Moves a broadcast's live counts into what the writer stores next (and
+/// tells the callbacks).
+fn fold(
+    t: &Arc<str>,
+    c: &StateCounts,
+    node: &Arc<str>,
+    counts: &mut FxHashMap<Arc<str>, TraceCounts>,
+    callbacks: &Callbacks,
+) {
+    if callbacks.active() {
+        callbacks.on_broadcast_counts(t, c);
+    }
+    entry(counts, node, t).counts.merge(c);
 }
 
 fn entry<'a>(
