@@ -53,6 +53,21 @@ async fn send(queues: &Queues, count: usize, size: usize, broadcast: bool) -> us
     sent
 }
 
+/// `count` RSA private-key operations on this thread, as the server does one
+/// per full handshake: the mpush default 1024-bit key, the same library and
+/// blinding, one block of a handshake's size. Returns the seconds spent.
+fn rsa_ops(count: usize) -> Result<f64> {
+    use mpush_protocol::crypto::{RsaPrivate, RsaPublic};
+    let key = RsaPrivate::mpush_default();
+    let mut rng: mpush_protocol::crypto::Rng = rand_core::SeedableRng::from_seed([9; 32]);
+    let block = RsaPublic::mpush_default().encrypt(&mut rng, &[7u8; 100])?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..count {
+        key.decrypt(&mut rng, &block)?;
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
 pub async fn run(addr: &str) -> Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let queues: Queues = Arc::new(Mutex::new(Vec::new()));
@@ -84,6 +99,11 @@ pub async fn run(addr: &str) -> Result<()> {
                 let (count, size) = (count.parse()?, size.parse()?);
                 let sent = send(&queues, count, size, words[0] == "broadcast").await;
                 json!({"event": "sent", "sent": sent})
+            }
+            ["rsa", count] => {
+                let count: usize = count.parse()?;
+                let spent = rsa_ops(count)?;
+                json!({"event": "rsa", "ops": count, "seconds": spent})
             }
             ["count"] => {
                 json!({"event": "count", "conns": queues.lock().map(|q| q.len()).unwrap_or(0)})

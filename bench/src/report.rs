@@ -18,9 +18,39 @@ pub struct Target {
     /// True when more is better.
     pub at_least: bool,
     pub unit: &'static str,
+    /// Why this run has no figure for it (the tool does not measure it yet).
+    pub missing: Option<&'static str>,
 }
 
 impl Target {
+    fn new(name: impl Into<String>, measured: f64, cmp: &str, target: f64, unit: &'static str) -> Self {
+        Self {
+            name: name.into(),
+            measured,
+            target,
+            at_least: cmp == ">=",
+            unit,
+            missing: None,
+        }
+    }
+
+    /// A target this run has no figure for, and why.
+    fn missing(name: &str, cmp: &str, target: f64, unit: &'static str, why: &'static str) -> Self {
+        Self {
+            missing: Some(why),
+            ..Self::new(name, f64::NAN, cmp, target, unit)
+        }
+    }
+
+    /// The measured figure as the report prints it.
+    pub fn shown(&self) -> String {
+        if self.missing.is_some() {
+            "–".into()
+        } else {
+            format!("{:.2} {}", self.measured, self.unit)
+        }
+    }
+
     pub fn met(&self) -> bool {
         if self.at_least {
             self.measured >= self.target
@@ -31,7 +61,9 @@ impl Target {
 
     /// "met", or how far off as a factor.
     pub fn verdict(&self) -> String {
-        if self.met() {
+        if let Some(why) = self.missing {
+            format!("not measured: {why}")
+        } else if self.met() {
             "met".into()
         } else if self.at_least && self.measured > 0.0 {
             format!("missed: {:.2}x short", self.target / self.measured)
@@ -54,9 +86,17 @@ pub fn targets(r: &Value) -> Vec<Target> {
                 c["profile"].as_str().unwrap_or("?")
             ),
             measured: f(&c["bytes_per_conn"]),
-            target: if ws { 5120.0 } else { 3584.0 },
+            // v2 (the profile new clients speak): issue 27's floors;
+            // legacy keeps the earlier ones.
+            target: match (ws, c["profile"] == "v2") {
+                (false, true) => 2048.0,
+                (true, true) => 3584.0,
+                (false, false) => 3584.0,
+                (true, false) => 5120.0,
+            },
             at_least: false,
             unit: "B",
+            missing: None,
         });
     }
     if let Some(c) = r["connections"].as_array().and_then(|a| a.first()) {
@@ -66,6 +106,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 3000.0,
             at_least: true,
             unit: "/s",
+            missing: None,
         });
     }
     let cpu = &r["cpu"];
@@ -76,6 +117,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 15_000.0,
             at_least: true,
             unit: "/s",
+            missing: None,
         });
         t.push(Target {
             name: "server CPU per broadcast delivery, back to back (one core, 10k connections)"
@@ -84,6 +126,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 3.0,
             at_least: false,
             unit: "us",
+            missing: None,
         });
         t.push(Target {
             name: format!(
@@ -94,6 +137,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 6.0,
             at_least: false,
             unit: "us",
+            missing: None,
         });
         if !cpu["broadcast_condition_js"].is_null() {
             t.push(Target {
@@ -104,6 +148,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
                 target: 1.5,
                 at_least: false,
                 unit: "x",
+                missing: None,
             });
         }
         t.push(Target {
@@ -115,6 +160,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 1.1,
             at_least: false,
             unit: "x",
+            missing: None,
         });
         t.push(Target {
             name: format!(
@@ -125,6 +171,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 1.5,
             at_least: false,
             unit: "x",
+            missing: None,
         });
     }
     let d = &r["delivery"];
@@ -134,6 +181,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
         target: 300_000.0,
         at_least: true,
         unit: "msg/s",
+        missing: None,
     });
     t.push(Target {
         name: format!(
@@ -144,6 +192,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
         target: 5.0,
         at_least: false,
         unit: "ms",
+        missing: None,
     });
     // Broadcast at 10k connections on one process (the largest one-process point).
     if let Some(b) = r["broadcast_scale"]
@@ -159,6 +208,7 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 0.5,
             at_least: true,
             unit: "x ideal",
+            missing: None,
         });
     }
     let c = &r["cluster"];
@@ -169,8 +219,115 @@ pub fn targets(r: &Value) -> Vec<Target> {
             target: 80_000.0,
             at_least: true,
             unit: "msg/s",
+            missing: None,
         });
     }
+    t.extend(round3(r));
+    t
+}
+
+/// Issue 27's floors: ratios to a reference measured in the same run.
+fn round3(r: &Value) -> Vec<Target> {
+    let mut t = Vec::new();
+    let cpu = &r["cpu"];
+    if !cpu.is_null() {
+        let accept = f(&cpu["ideal_accept_cpu_us"]);
+        let rsa = f(&cpu["ideal_rsa_op_cpu_us"]);
+        t.push(Target::new(
+            format!(
+                "server CPU per full RSA connect (connect, handshake, bind: {:.0} us), vs the ideal's plain accept ({accept:.0} us) plus one RSA private-key operation ({rsa:.0} us)",
+                f(&cpu["handshake_cpu_us"])
+            ),
+            f(&cpu["handshake_cpu_us"]) / (accept + rsa).max(1e-9),
+            "<=",
+            1.5,
+            "x",
+        ));
+        t.push(Target::new(
+            format!(
+                "server CPU per fast connect and bind, TCP v2 (the old connection's close included: {:.0} us), vs the ideal's plain accept",
+                f(&cpu["fast_connect_cpu_us"])
+            ),
+            f(&cpu["fast_connect_cpu_us"]) / accept.max(1e-9),
+            "<=",
+            2.0,
+            "x",
+        ));
+        t.push(Target::new(
+            format!(
+                "server CPU per broadcast delivery, one broadcast at a time, vs the ideal ({:.2} us vs {:.2} us)",
+                f(&cpu["broadcast_one_at_a_time"]["cpu_us_per_delivery"]),
+                f(&cpu["ideal_one_at_a_time_cpu_us_per_delivery"])
+            ),
+            f(&cpu["broadcast_one_at_a_time"]["cpu_us_per_delivery"])
+                / f(&cpu["ideal_one_at_a_time_cpu_us_per_delivery"]).max(1e-9),
+            "<=",
+            1.3,
+            "x",
+        ));
+        let lat = &cpu["single_paced"]["latency"];
+        if !lat.is_null() {
+            let (p50, p99) = (f(&lat["p50_us"]) / 1000.0, f(&lat["p99_us"]) / 1000.0);
+            t.push(Target::new(
+                format!(
+                    "p99 API call to client receipt, single-user pushes at 1,000/s, {} idle connections, server on one core",
+                    cpu["conns"]
+                ),
+                p99,
+                "<=",
+                0.5,
+                "ms",
+            ));
+            t.push(Target::new(
+                format!("the same p99 vs the same run's p50 ({p50:.3} ms)"),
+                p99 / p50.max(1e-9),
+                "<=",
+                2.5,
+                "x",
+            ));
+        }
+    }
+    t.push(Target::missing(
+        "server CPU per connect over TLS with the transport-secured profile (TCP, and WebSocket), vs the ideal's TLS accept",
+        "<=",
+        1.5,
+        "x",
+        "the load workers speak no TLS yet",
+    ));
+    t.push(Target::missing(
+        "reconnect storm: 19k clients, node killed and restarted; seconds until all are bound again (none gave up)",
+        "<=",
+        10.0,
+        "s",
+        "no storm scenario yet",
+    ));
+    let d = &r["delivery"];
+    let ideal_unicast = f(&r["ideal"]["delivery"]["unicast"]["per_s"]);
+    if !d.is_null() && ideal_unicast > 0.0 {
+        t.push(Target::new(
+            "unicast through the batch API, vs the ideal's unicast",
+            f(&d["batch"]["per_s"]) / ideal_unicast,
+            ">=",
+            0.9,
+            "x",
+        ));
+    }
+    if !r["cluster"].is_null() && !d.is_null() {
+        t.push(Target::new(
+            "cross-node unicast on 3 nodes and one Redis, vs single-node batch unicast",
+            f(&r["cluster"]["per_s"]) / f(&d["batch"]["per_s"]).max(1e-9),
+            ">=",
+            0.6,
+            "x",
+        ));
+    }
+    t.push(Target::missing(
+        "RSS per connection at 100k connections vs at 10k",
+        "<=",
+        1.1,
+        "x",
+        "the tool's largest step is 50k connections on 3 processes",
+    ));
     t
 }
 
@@ -501,10 +658,9 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
     for t in targets(r) {
         let _ = writeln!(
             o,
-            "| {} | {:.2} {} | {} {} {} | {} |",
+            "| {} | {} | {} {} {} | {} |",
             t.name,
-            t.measured,
-            t.unit,
+            t.shown(),
             if t.at_least { "≥" } else { "≤" },
             t.target,
             t.unit,

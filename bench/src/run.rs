@@ -487,6 +487,10 @@ struct Sizes {
     /// Up-push scenario: connections, and messages in all (per sink).
     up_conns: usize,
     up_msgs: usize,
+    /// Seconds of single-user pushes at 1,000/s in the `cpu` scenario.
+    tail_secs: u64,
+    /// RSA private-key operations the ideal times in the `cpu` scenario.
+    rsa_ops: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -758,9 +762,25 @@ async fn cpu(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         bail!("the cpu scenario needs two CPUs");
     }
     *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = "1-1023".into();
+    // This process (the API caller) stays off the server's core too.
+    pin_self("1-1023");
     let result = cpu_inner(me, bin, s).await;
+    pin_self("0-1023");
     *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = String::new();
     result
+}
+
+/// Moves every thread of this process to `cpus` (`taskset -a`); a failure
+/// only makes the figures noisier, so it is reported and not fatal.
+fn pin_self(cpus: &str) {
+    let ok = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("cpu: could not pin this process to CPUs {cpus} (taskset)");
+    }
 }
 
 async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
@@ -782,6 +802,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
     let handshake_cpu = cpu_secs(pid) - c0;
     // Fast connects: every client reconnects with its ticket.
+    eprintln!("cpu: fast connects");
     let c1 = cpu_secs(pid);
     w.all("reconnect").await?;
     w.wait("fast connect", s.timeout, |t| t.connected >= 2 * n as u64)
@@ -792,7 +813,31 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss = rss_kb(pid);
 
+    // The latency tail: single-user pushes at 1,000/s through the API, every
+    // connection idle and bound, the server alone on its core.
+    let url = format!("{}/api/v1/push", server.api);
+    let tail_n = s.tail_secs as usize * 1000;
+    let tail_send = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        let mut tasks = Vec::with_capacity(tail_n);
+        for k in 0..tail_n {
+            tick.tick().await;
+            let body = json!({"userId": format!("u{}", (k * 7919) % n), "content": stamp(PAYLOAD)});
+            let (http, url) = (http.clone(), url.clone());
+            tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok(())
+    };
+    eprintln!("cpu: single-user pushes at 1000/s for {} s", s.tail_secs);
+    let c_tail = cpu_secs(pid);
+    let (_, tail_latency) = measure(&mut w, "single-user pushes at 1000/s", s.timeout, tail_n, tail_send).await?;
+    let tail_cpu = cpu_secs(pid) - c_tail;
+
     // Broadcasts back to back.
+    eprintln!("cpu: broadcasts");
     let url = format!("{}/api/v1/broadcast", server.api);
     let back_to_back = s.cpu_broadcasts;
     let c2 = cpu_secs(pid);
@@ -858,6 +903,14 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // machine's kernel at best (one write per connection per broadcast).
     let mut ideal = start_ideal_on(me, Some("0")).await?;
     let ipid = ideal.proc.pid();
+    // One RSA private-key operation, as the server does per full handshake
+    // (same key, library and blinding), timed on the server's core.
+    let rsa_ops = s.rsa_ops;
+    let c_rsa = cpu_secs(ipid);
+    ideal.proc.ask(&format!("rsa {rsa_ops}"), s.timeout).await?;
+    let ideal_rsa_cpu = cpu_secs(ipid) - c_rsa;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c_accept = cpu_secs(ipid);
     let mut iw = Workers::start(
         me,
         std::slice::from_ref(&ideal.addr),
@@ -870,6 +923,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
         .await?;
     let held = ideal_accepted(&mut ideal, n, s.timeout).await?;
+    let ideal_accept_cpu = cpu_secs(ipid) - c_accept;
     let cmd = format!("broadcast {back_to_back} {PAYLOAD}");
     let c5 = cpu_secs(ipid);
     measure(
@@ -898,7 +952,10 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "conns": n,
         "ideal_back_to_back_cpu_us_per_delivery": us(ideal_b2b_cpu, back_to_back * held),
         "ideal_one_at_a_time_cpu_us_per_delivery": us(ideal_one_cpu, one * held),
+        "ideal_accept_cpu_us": us(ideal_accept_cpu, held),
+        "ideal_rsa_op_cpu_us": us(ideal_rsa_cpu, rsa_ops),
         "handshake_cpu_us": us(handshake_cpu, n),
+        "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency},
         "fast_connect_cpu_us": us(fast_cpu, n),
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
@@ -1220,6 +1277,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             timeout: Duration::from_secs(60),
             up_conns: 20,
             up_msgs: 2_000,
+            tail_secs: 1,
+            rsa_ops: 100,
         }
     } else {
         Sizes {
@@ -1235,6 +1294,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             timeout: Duration::from_secs(300),
             up_conns: 200,
             up_msgs: 200_000,
+            tail_secs: 10,
+            rsa_ops: 2_000,
         }
     };
     let started = Instant::now();
@@ -1307,13 +1368,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
     print_report(&report);
     println!("\ntargets:");
     for t in crate::report::targets(&report) {
-        println!(
-            "  {:<60} {:>12.2} {:<6} {}",
-            t.name,
-            t.measured,
-            t.unit,
-            t.verdict()
-        );
+        println!("  {:<60} {:>14} {}", t.name, t.shown(), t.verdict());
     }
     if let Some(md) = &a.report {
         crate::report::write(&report, md, &command(a.quick))?;

@@ -7,6 +7,10 @@ use anyhow::Context as _;
 use clap::Parser;
 use mpush_server::Settings;
 
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The mpush reference push server. With no flags and no config file it runs
 /// complete on this machine (on loopback), keeping everything in memory.
 #[derive(Debug, Parser)]
