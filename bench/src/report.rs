@@ -23,7 +23,13 @@ pub struct Target {
 }
 
 impl Target {
-    fn new(name: impl Into<String>, measured: f64, cmp: &str, target: f64, unit: &'static str) -> Self {
+    fn new(
+        name: impl Into<String>,
+        measured: f64,
+        cmp: &str,
+        target: f64,
+        unit: &'static str,
+    ) -> Self {
         Self {
             name: name.into(),
             measured,

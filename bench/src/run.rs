@@ -833,7 +833,14 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     };
     eprintln!("cpu: single-user pushes at 1000/s for {} s", s.tail_secs);
     let c_tail = cpu_secs(pid);
-    let (_, tail_latency) = measure(&mut w, "single-user pushes at 1000/s", s.timeout, tail_n, tail_send).await?;
+    let (_, tail_latency) = measure(
+        &mut w,
+        "single-user pushes at 1000/s",
+        s.timeout,
+        tail_n,
+        tail_send,
+    )
+    .await?;
     let tail_cpu = cpu_secs(pid) - c_tail;
 
     // Broadcasts back to back.
