@@ -3,6 +3,7 @@
 //! What a push server could do at best on this machine; `run` reports every
 //! figure of the real server as a ratio to it. Driven over stdin/stdout.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -16,7 +17,10 @@ use crate::worker::stamp;
 
 type Queues = Arc<Mutex<Vec<mpsc::Sender<Bytes>>>>;
 
-async fn writer(mut sock: tokio::net::TcpStream, mut rx: mpsc::Receiver<Bytes>) {
+async fn writer<W>(mut sock: W, mut rx: mpsc::Receiver<Bytes>)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
     let mut batch = Vec::new();
     let mut buf = BytesMut::new();
     while rx.recv_many(&mut batch, 256).await > 0 {
@@ -24,7 +28,7 @@ async fn writer(mut sock: tokio::net::TcpStream, mut rx: mpsc::Receiver<Bytes>) 
             buf.put_u32(m.len() as u32);
             buf.put_slice(&m);
         }
-        if sock.write_all(&buf).await.is_err() {
+        if sock.write_all(&buf).await.is_err() || sock.flush().await.is_err() {
             return;
         }
         buf.clear();
@@ -68,8 +72,25 @@ fn rsa_ops(count: usize) -> Result<f64> {
     Ok(t0.elapsed().as_secs_f64())
 }
 
-pub async fn run(addr: &str) -> Result<()> {
+/// A TLS acceptor over `cert`/`key` (PEM) with rustls' defaults: what a TLS
+/// accept alone costs, for the server's TLS listeners to be compared with.
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(key)?;
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+pub async fn run(addr: &str, tls: Option<(&Path, &Path)>) -> Result<()> {
     let listener = TcpListener::bind(addr).await?;
+    let acceptor = tls.map(|(c, k)| tls_acceptor(c, k)).transpose()?;
     let queues: Queues = Arc::new(Mutex::new(Vec::new()));
     let q = queues.clone();
     tokio::spawn(async move {
@@ -81,10 +102,26 @@ pub async fn run(addr: &str) -> Result<()> {
             };
             let _ = sock.set_nodelay(true);
             let (tx, rx) = mpsc::channel(1024);
-            if let Ok(mut v) = q.lock() {
-                v.push(tx);
+            match &acceptor {
+                None => {
+                    if let Ok(mut v) = q.lock() {
+                        v.push(tx);
+                    }
+                    tokio::spawn(writer(sock, rx));
+                }
+                Some(acceptor) => {
+                    let (acceptor, q) = (acceptor.clone(), q.clone());
+                    tokio::spawn(async move {
+                        let Ok(tls) = acceptor.accept(sock).await else {
+                            return;
+                        };
+                        if let Ok(mut v) = q.lock() {
+                            v.push(tx);
+                        }
+                        writer(tls, rx).await;
+                    });
+                }
             }
-            tokio::spawn(writer(sock, rx));
         }
     });
     let mut out = tokio::io::stdout();

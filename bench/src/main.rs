@@ -38,6 +38,11 @@ enum Cmd {
     Ideal {
         #[arg(long)]
         addr: String,
+        /// Accept TLS with this PEM certificate chain and key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        #[arg(long)]
+        tls_key: Option<std::path::PathBuf>,
     },
 }
 
@@ -50,7 +55,11 @@ fn main() -> anyhow::Result<()> {
         match cli.cmd {
             Cmd::Run(a) => run::run(a).await,
             Cmd::Worker(a) => worker::run(a).await,
-            Cmd::Ideal { addr } => ideal::run(&addr).await,
+            Cmd::Ideal {
+                addr,
+                tls_cert,
+                tls_key,
+            } => ideal::run(&addr, tls_cert.as_deref().zip(tls_key.as_deref())).await,
             Cmd::Report { from, out } => {
                 let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&from)?)?;
                 let quick = r["quick"] == true;

@@ -250,6 +250,15 @@ async fn start_ideal(me: &Path) -> Result<Ideal> {
 }
 
 async fn start_ideal_on(me: &Path, cpus: Option<&str>) -> Result<Ideal> {
+    start_ideal_with(me, cpus, None).await
+}
+
+/// The ideal server, accepting TLS with `tls` (certificate and key PEM) when given.
+async fn start_ideal_with(
+    me: &Path,
+    cpus: Option<&str>,
+    tls: Option<(&Path, &Path)>,
+) -> Result<Ideal> {
     let addr = format!("127.0.0.1:{}", free_port()?);
     let mut cmd = match cpus {
         Some(c) => {
@@ -260,6 +269,9 @@ async fn start_ideal_on(me: &Path, cpus: Option<&str>) -> Result<Ideal> {
         None => Command::new(me),
     };
     cmd.args(["ideal", "--addr", &addr]);
+    if let Some((cert, key)) = tls {
+        cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+    }
     let mut proc = Proc::spawn(cmd)?;
     let first = tokio::time::timeout(Duration::from_secs(10), proc.lines.next_line())
         .await
@@ -339,6 +351,20 @@ impl Workers {
         conns: usize,
         first_user: usize,
     ) -> Result<Self> {
+        Self::start_tls(me, targets, transport, legacy, conns, first_user, None).await
+    }
+
+    /// `start`, over TLS trusting `tls_ca` when given (protocol clients then
+    /// speak the transport-secured profile).
+    async fn start_tls(
+        me: &Path,
+        targets: &[String],
+        transport: Transport,
+        legacy: bool,
+        conns: usize,
+        first_user: usize,
+        tls_ca: Option<&Path>,
+    ) -> Result<Self> {
         let count = conns.div_ceil(PER_WORKER).max(targets.len()).max(1);
         // Fresh source addresses for every group of workers: the ports of the
         // previous ones are still in TIME_WAIT.
@@ -371,6 +397,9 @@ impl Workers {
             .args(["--src", &format!("127.0.{group}.{}", 2 + w)]);
             if legacy {
                 cmd.arg("--legacy");
+            }
+            if let Some(ca) = tls_ca {
+                cmd.arg("--tls-ca").arg(ca);
             }
             procs.push(Proc::spawn(cmd)?);
             first += n;
@@ -764,7 +793,13 @@ async fn cpu(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = "1-1023".into();
     // This process (the API caller) stays off the server's core too.
     pin_self("1-1023");
-    let result = cpu_inner(me, bin, s).await;
+    let result = match cpu_inner(me, bin, s).await {
+        Ok(mut v) => tls_inner(me, bin, s).await.map(|t| {
+            v["tls"] = t;
+            v
+        }),
+        Err(e) => Err(e),
+    };
     pin_self("0-1023");
     *WORKER_CPUS.lock().map_err(|_| anyhow::anyhow!("lock"))? = String::new();
     result
@@ -973,6 +1008,105 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "idle_rss_kb": idle_rss,
         "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
     }))
+}
+
+/// The connect path over TLS, the server alone on CPU 0: TCP and WebSocket
+/// with the transport-secured profile (a full connect, then every client
+/// reconnecting with its TLS session and its resume ticket), and the ideal
+/// server doing a TLS accept alone. ECDSA P-256 certificate, TLS 1.3.
+async fn tls_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let n = s.conns;
+    let dir = std::env::temp_dir().join(format!("mpush-bench-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem())?;
+    std::fs::write(&key, ck.signing_key.serialize_pem())?;
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let env = [
+        ("MPUSH__TLS__CERT_FILE", cert_s.as_str()),
+        ("MPUSH__TLS__KEY_FILE", key_s.as_str()),
+        ("MPUSH__TLS__LISTENERS", "[\"tcp\",\"ws\"]"),
+    ];
+    let us = |cpu: f64, k: usize| cpu * 1e6 / k.max(1) as f64;
+    let mut out = json!({"conns": n, "certificate": "ECDSA P-256", "protocol": "TLS 1.3"});
+    for (t, name) in [(Transport::Tcp, "tcp"), (Transport::Ws, "ws")] {
+        eprintln!("cpu: {name} over TLS, transport-secured profile");
+        let server = start_server_with(bin, None, Some("0"), &env).await?;
+        let pid = server.child.id().unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let target = if t == Transport::Ws {
+            &server.ws
+        } else {
+            &server.tcp
+        };
+        let c0 = cpu_secs(pid);
+        let mut w = Workers::start_tls(
+            me,
+            std::slice::from_ref(target),
+            t,
+            false,
+            n,
+            0,
+            Some(&cert),
+        )
+        .await?;
+        w.wait("TLS connects", s.timeout, |x| x.bound >= n as u64)
+            .await?;
+        let connect_cpu = cpu_secs(pid) - c0;
+        let c1 = cpu_secs(pid);
+        w.all("reconnect").await?;
+        w.wait("TLS fast connects", s.timeout, |x| {
+            x.connected >= 2 * n as u64
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let fast_cpu = cpu_secs(pid) - c1;
+        let totals = w.totals().await?;
+        let tls_resumed =
+            scrape(&server.api, "mpush_tls_handshakes_total{kind=\"resumed\"}").await?;
+        w.quit().await;
+        drop(server);
+        out[name] = json!({
+            "connect_cpu_us": us(connect_cpu, n),
+            "fast_connect_cpu_us": us(fast_cpu, n),
+            "resumed": totals.resumed,
+            "tls_resumed": tls_resumed,
+        });
+    }
+    eprintln!("cpu: the ideal server's TLS accept");
+    let mut ideal = start_ideal_with(me, Some("0"), Some((&cert, &key))).await?;
+    let ipid = ideal.proc.pid();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = cpu_secs(ipid);
+    let mut iw = Workers::start_tls(
+        me,
+        std::slice::from_ref(&ideal.addr),
+        Transport::Ideal,
+        false,
+        n,
+        0,
+        Some(&cert),
+    )
+    .await?;
+    iw.wait("ideal TLS accepts", s.timeout, |x| x.bound >= n as u64)
+        .await?;
+    let held = ideal_accepted(&mut ideal, n, s.timeout).await?;
+    out["ideal_accept_cpu_us"] = json!(us(cpu_secs(ipid) - c, held));
+    iw.quit().await;
+    drop(ideal);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// One series' value from the server's `/metrics` (0 when absent).
+async fn scrape(api: &str, series: &str) -> Result<f64> {
+    let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
 }
 
 /// `k` broadcasts back to back to `n` connections, waiting for every copy.

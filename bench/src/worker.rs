@@ -55,6 +55,51 @@ pub struct WorkerArgs {
     /// Handshakes in flight at once.
     #[arg(long, default_value_t = 128)]
     pub concurrency: usize,
+    /// Connect over TLS, trusting this PEM certificate (name `localhost`);
+    /// protocol clients then speak the transport-secured profile, and a
+    /// reconnect resumes the TLS session.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+}
+
+type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// A TLS client for one connection: the worker's configuration with a
+/// session store of its own, as every real client has (a store shared by
+/// all would keep a few tickets for the one server name).
+fn tls_connector(args: &WorkerArgs) -> Result<Option<tokio_rustls::TlsConnector>> {
+    use tokio_rustls::rustls;
+    static BASE: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    if args.tls_ca.is_none() {
+        return Ok(None);
+    }
+    let base = match BASE.get() {
+        Some(b) => b.clone(),
+        None => {
+            let b = Arc::new(base_tls(args)?);
+            BASE.get_or_init(|| b).clone()
+        }
+    };
+    let mut cfg = (*base).clone();
+    cfg.resumption = rustls::client::Resumption::in_memory_sessions(2);
+    Ok(Some(tokio_rustls::TlsConnector::from(Arc::new(cfg))))
+}
+
+fn base_tls(args: &WorkerArgs) -> Result<tokio_rustls::rustls::ClientConfig> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    let ca = args.tls_ca.as_ref().context("no TLS certificate")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).context("the TLS certificate")? {
+        roots.add(c.context("the TLS certificate")?)?;
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(cfg)
 }
 
 /// The timestamp the sender put at the start of a message: `T<unix nanos>;`.
@@ -114,16 +159,34 @@ impl Shared {
 enum Io {
     Tcp(TcpStream),
     Ws(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
+    Tls(Box<ClientTls>),
+    Wss(Box<WebSocketStream<ClientTls>>),
 }
 
 impl Io {
-    async fn open(args: &WorkerArgs, src: IpAddr) -> Result<Self> {
+    async fn open(
+        args: &WorkerArgs,
+        src: IpAddr,
+        tls: Option<&tokio_rustls::TlsConnector>,
+    ) -> Result<Self> {
         let addr: SocketAddr = args.target.parse().context("target")?;
         let sock = TcpSocket::new_v4()?;
         sock.set_reuseaddr(true)?;
         sock.bind(SocketAddr::new(src, 0))?;
         let s = sock.connect(addr).await?;
         s.set_nodelay(true)?;
+        if let Some(tls) = tls {
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost")?;
+            let t = tls.connect(name, s).await?;
+            return match args.transport {
+                Transport::Ws => {
+                    let url = format!("wss://localhost:{}/", addr.port());
+                    let (ws, _) = tokio_tungstenite::client_async(url, t).await?;
+                    Ok(Self::Wss(Box::new(ws)))
+                }
+                _ => Ok(Self::Tls(Box::new(t))),
+            };
+        }
         match args.transport {
             Transport::Ws => {
                 let url = format!("ws://{}/", args.target);
@@ -139,6 +202,11 @@ impl Io {
         match self {
             Self::Tcp(s) => s.write_all(&b).await?,
             Self::Ws(ws) => ws.send(WsMessage::Binary(b)).await?,
+            Self::Tls(s) => {
+                s.write_all(&b).await?;
+                s.flush().await?;
+            }
+            Self::Wss(ws) => ws.send(WsMessage::Binary(b)).await?,
         }
         Ok(())
     }
@@ -150,14 +218,35 @@ impl Io {
                 let n = s.read(buf).await?;
                 Ok((n > 0).then(|| Bytes::copy_from_slice(&buf[..n])))
             }
-            Self::Ws(ws) => loop {
-                match ws.next().await {
-                    None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
-                    Some(Ok(WsMessage::Binary(b))) => return Ok(Some(b)),
-                    Some(Ok(_)) => continue,
-                    Some(Err(e)) => return Err(e.into()),
-                }
-            },
+            Self::Tls(s) => {
+                let n = s.read(buf).await?;
+                Ok((n > 0).then(|| Bytes::copy_from_slice(&buf[..n])))
+            }
+            Self::Ws(ws) => ws_next(ws).await,
+            Self::Wss(ws) => ws_next(ws).await,
+        }
+    }
+
+    /// Raw bytes (the ideal server's framing) into `buf`; 0 at the end.
+    async fn read_raw(&mut self, buf: &mut bytes::BytesMut) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read_buf(buf).await,
+            Self::Tls(s) => s.read_buf(buf).await,
+            _ => Ok(0),
+        }
+    }
+}
+
+async fn ws_next<S>(ws: &mut WebSocketStream<S>) -> Result<Option<Bytes>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match ws.next().await {
+            None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
+            Some(Ok(WsMessage::Binary(b))) => return Ok(Some(b)),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(e.into()),
         }
     }
 }
@@ -181,6 +270,7 @@ async fn protocol_client(
     };
     let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
     cfg.offer_v2 = !args.legacy;
+    cfg.transport_secured = args.tls_ca.is_some();
     cfg.handshake_timeout = Duration::from_secs(60);
     cfg.bind_timeout = Duration::from_secs(60);
     let cfg = Arc::new(cfg);
@@ -188,6 +278,10 @@ async fn protocol_client(
     let mut dedup = DedupWindow::new(64);
     let mut buf = vec![0u8; 4096];
     let mut round = *rounds.borrow_and_update();
+    let tls = match tls_connector(&args) {
+        Ok(t) => t,
+        Err(e) => return shared.fail(format!("TLS: {e}")),
+    };
     loop {
         let mut permit = gate.clone().acquire_owned().await.ok();
         // Each reconnect round from another source address: the previous
@@ -199,7 +293,7 @@ async fn protocol_client(
             }
             other => other,
         };
-        let mut io = match Io::open(&args, src).await {
+        let mut io = match Io::open(&args, src, tls.as_ref()).await {
             Ok(io) => io,
             Err(e) => return shared.fail(format!("connect: {e}")),
         };
@@ -275,16 +369,19 @@ async fn protocol_client(
 async fn ideal_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate: Arc<Semaphore>) {
     let src = args.src[(i / 20_000) % args.src.len().max(1)];
     let permit = gate.acquire_owned().await.ok();
-    let mut io = match Io::open(&args, src).await {
-        Ok(Io::Tcp(s)) => s,
-        Ok(_) => return,
+    let tls = match tls_connector(&args) {
+        Ok(t) => t,
+        Err(e) => return shared.fail(format!("TLS: {e}")),
+    };
+    let mut io = match Io::open(&args, src, tls.as_ref()).await {
+        Ok(io) => io,
         Err(e) => return shared.fail(format!("connect: {e}")),
     };
     shared.bound.fetch_add(1, Ordering::Relaxed);
     drop(permit);
     let mut buf = bytes::BytesMut::with_capacity(4096);
     loop {
-        match io.read_buf(&mut buf).await {
+        match io.read_raw(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }

@@ -86,6 +86,12 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "From accept to a completed handshake, by kind (full, fast)",
     ),
     (
+        "mpush_tls_handshakes_total",
+        Counter,
+        Unit::Count,
+        "TLS handshakes completed on the client listeners, by kind (full, resumed: a session ticket spared the certificate signature)",
+    ),
+    (
         "mpush_tls_handshake_errors_total",
         Counter,
         Unit::Count,
@@ -436,6 +442,7 @@ pub const LABELS: &[(&str, &str, &[&str])] = &[
         &["max_connections", "per_ip", "rate"],
     ),
     ("mpush_handshakes_total", "kind", &["full", "fast"]),
+    ("mpush_tls_handshakes_total", "kind", &["full", "resumed"]),
     ("mpush_handshakes_refused_total", "reason", &["busy"]),
     (
         "mpush_handshake_duration_seconds",

@@ -108,6 +108,13 @@ impl Tls {
             .with_no_client_auth()
             .with_cert_resolver(current.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Resumption by stateless tickets (keys rotated by rustls every six
+        // hours), not by rustls' default 256-entry session cache: every
+        // client of a large node can resume, and a reconnect skips the
+        // certificate signature. One ticket per handshake: a client
+        // reconnects with one session at a time.
+        config.ticketer = tokio_rustls::rustls::crypto::aws_lc_rs::Ticketer::new()?;
+        config.send_tls13_tickets = 1;
         Ok(Arc::new(Self {
             cert_file: cert_file.to_owned(),
             key_file: key_file.to_owned(),

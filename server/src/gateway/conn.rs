@@ -591,15 +591,18 @@ fn close_reason(r: &CloseReason) -> String {
 }
 
 /// The next proxied response (pending while none can come).
+/// The next answer of an HTTP proxy request; polled, so the idle task holds
+/// no receive future for it.
 async fn proxied(p: &mut Option<Proxied>) -> (i32, HttpResponse) {
-    match p {
+    std::future::poll_fn(|cx| match p {
         // The driver holds a sender: the channel never ends.
-        Some((_, rx)) => match rx.recv().await {
-            Some(r) => r,
-            None => std::future::pending().await,
+        Some((_, rx)) => match rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some(r)) => std::task::Poll::Ready(r),
+            _ => std::task::Poll::Pending,
         },
-        None => std::future::pending().await,
-    }
+        None => std::task::Poll::Pending,
+    })
+    .await
 }
 
 async fn sleep_opt(at: Option<tokio::time::Instant>) {

@@ -204,7 +204,14 @@ async fn tls_then<L: Logic>(
 ) {
     let limit = gw.settings.handshake_timeout;
     let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(s)) => s,
+        Ok(Ok(s)) => {
+            let kind = match s.get_ref().1.handshake_kind() {
+                Some(tokio_rustls::rustls::HandshakeKind::Resumed) => "resumed",
+                _ => "full",
+            };
+            metrics::counter!("mpush_tls_handshakes_total", "kind" => kind).increment(1);
+            s
+        }
         Ok(Err(e)) => {
             metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
             debug!(%peer, error = %e, "TLS handshake failed");

@@ -38,18 +38,27 @@ impl Transport for Tcp {
     const KIND: crate::route::Transport = crate::route::Transport::Tcp;
 
     async fn recv(&mut self) -> io::Result<Incoming> {
-        loop {
-            self.0.readable().await?;
-            // The buffer lives only between awaits, so an idle connection's
-            // task does not carry it.
-            let mut buf = [0u8; 8192];
-            match self.0.try_read(&mut buf) {
-                Ok(0) => return Ok(Incoming::Eof),
-                Ok(n) => return Ok(Incoming::Data(Bytes::copy_from_slice(&buf[..n]))),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
+        // Polled readiness, not `readable().await`: the idle connection's task
+        // then holds no 152-byte readiness future, only its waker in the
+        // socket's registration. The buffer lives only inside one poll.
+        std::future::poll_fn(|cx| {
+            loop {
+                std::task::ready!(self.0.poll_read_ready(cx))?;
+                let mut buf = [0u8; 8192];
+                match self.0.try_read(&mut buf) {
+                    Ok(0) => return std::task::Poll::Ready(Ok(Incoming::Eof)),
+                    Ok(n) => {
+                        return std::task::Poll::Ready(Ok(Incoming::Data(Bytes::copy_from_slice(
+                            &buf[..n],
+                        ))));
+                    }
+                    // Readiness was stale: poll again (registers the waker).
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return std::task::Poll::Ready(Err(e)),
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn send(&mut self, data: Bytes) -> io::Result<()> {

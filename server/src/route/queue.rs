@@ -5,8 +5,10 @@
 
 use std::collections::VecDeque;
 
+use std::task::Poll;
+
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 use super::ConnCommand;
 
@@ -22,7 +24,10 @@ pub enum SendError {
 #[derive(Debug)]
 pub struct ConnQueue {
     state: Mutex<State>,
-    notify: Notify,
+    /// The receiving task's waker (one receiver). Polled, not awaited: the
+    /// idle connection's task holds no waiter node (tokio's `Notified` is
+    /// 64 bytes) for it.
+    waker: AtomicWaker,
     cap: usize,
 }
 
@@ -36,7 +41,7 @@ impl ConnQueue {
     pub fn new(cap: usize) -> Self {
         Self {
             state: Mutex::new(State::default()),
-            notify: Notify::new(),
+            waker: AtomicWaker::new(),
             cap: cap.max(1),
         }
     }
@@ -52,8 +57,8 @@ impl ConnQueue {
             }
             s.items.push_back(c);
         }
-        // Stores a permit when the receiver is not waiting: no lost wakeup.
-        self.notify.notify_one();
+        // The receiver registers before it looks again: no lost wakeup.
+        self.waker.wake();
         Ok(())
     }
 
@@ -68,14 +73,22 @@ impl ConnQueue {
         c
     }
 
-    /// Waits for the next command. Cancel-safe (used in `select!`).
+    /// Waits for the next command. Cancel-safe (used in `select!`); one
+    /// receiver at a time.
     pub async fn recv(&self) -> ConnCommand {
-        loop {
+        std::future::poll_fn(|cx| {
             if let Some(c) = self.try_recv() {
-                return c;
+                return Poll::Ready(c);
             }
-            self.notify.notified().await;
-        }
+            self.waker.register(cx.waker());
+            // A command queued between the first look and the registration
+            // woke nobody: look again.
+            match self.try_recv() {
+                Some(c) => Poll::Ready(c),
+                None => Poll::Pending,
+            }
+        })
+        .await
     }
 
     /// The receiver is gone: later sends fail with `Closed`; what is queued
