@@ -36,7 +36,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Run only these scenario groups (ideal, connections, delivery, scale,
-    /// cluster, cpu, upstream); the report needs them all.
+    /// cluster, cpu, upstream, storm); the report needs them all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
@@ -182,7 +182,19 @@ async fn start_server_with(
     cpus: Option<&str>,
     env: &[(&str, &str)],
 ) -> Result<Server> {
-    let (tcp, ws, http) = (free_port()?, free_port()?, free_port()?);
+    let ports = (free_port()?, free_port()?, free_port()?);
+    start_server_on(bin, cluster, cpus, env, ports).await
+}
+
+/// `start_server_with` on these ports (TCP, WebSocket, HTTP): a restart
+/// comes back where its clients look for it.
+async fn start_server_on(
+    bin: &Path,
+    cluster: Option<(&Redis, &str)>,
+    cpus: Option<&str>,
+    env: &[(&str, &str)],
+    (tcp, ws, http): (u16, u16, u16),
+) -> Result<Server> {
     let mut cmd = match cpus {
         Some(c) => {
             let mut t = Command::new("taskset");
@@ -314,6 +326,8 @@ async fn ideal_accepted(ideal: &mut Ideal, n: usize, timeout: Duration) -> Resul
 #[derive(Debug, Default)]
 struct Totals {
     received: u64,
+    bound_now: i64,
+    lost: u64,
     bound: u64,
     connected: u64,
     resumed: u64,
@@ -354,6 +368,28 @@ impl Workers {
         Self::start_tls(me, targets, transport, legacy, conns, first_user, None).await
     }
 
+    /// Storm clients (`worker --storm`): they come back on their own when
+    /// their connection is lost, `concurrency` connecting at once per worker.
+    async fn start_storm(
+        me: &Path,
+        target: &str,
+        conns: usize,
+        concurrency: usize,
+    ) -> Result<Self> {
+        let c = concurrency.to_string();
+        Self::start_args(
+            me,
+            &[target.to_string()],
+            Transport::Tcp,
+            false,
+            conns,
+            0,
+            None,
+            &["--storm", "--concurrency", &c],
+        )
+        .await
+    }
+
     /// `start`, over TLS trusting `tls_ca` when given (protocol clients then
     /// speak the transport-secured profile).
     async fn start_tls(
@@ -364,6 +400,30 @@ impl Workers {
         conns: usize,
         first_user: usize,
         tls_ca: Option<&Path>,
+    ) -> Result<Self> {
+        Self::start_args(
+            me,
+            targets,
+            transport,
+            legacy,
+            conns,
+            first_user,
+            tls_ca,
+            &[],
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_args(
+        me: &Path,
+        targets: &[String],
+        transport: Transport,
+        legacy: bool,
+        conns: usize,
+        first_user: usize,
+        tls_ca: Option<&Path>,
+        extra: &[&str],
     ) -> Result<Self> {
         let count = conns.div_ceil(PER_WORKER).max(targets.len()).max(1);
         // Fresh source addresses for every group of workers: the ports of the
@@ -401,6 +461,7 @@ impl Workers {
             if let Some(ca) = tls_ca {
                 cmd.arg("--tls-ca").arg(ca);
             }
+            cmd.args(extra);
             procs.push(Proc::spawn(cmd)?);
             first += n;
         }
@@ -416,6 +477,8 @@ impl Workers {
             let v = p.ask("stats", Duration::from_secs(30)).await?;
             let n = |k: &str| v[k].as_u64().unwrap_or(0);
             t.received += n("received");
+            t.bound_now += v["bound_now"].as_i64().unwrap_or(0);
+            t.lost += n("lost");
             t.bound += n("bound");
             t.connected += n("connected");
             t.resumed += n("resumed");
@@ -520,6 +583,8 @@ struct Sizes {
     tail_secs: u64,
     /// RSA private-key operations the ideal times in the `cpu` scenario.
     rsa_ops: usize,
+    /// Clients in the reconnect storms.
+    storm_conns: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -1099,6 +1164,96 @@ async fn tls_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     Ok(out)
 }
 
+/// Reconnect storms: `n` bound clients (the SDK's backoff and jitter, resume
+/// tickets) on one node, which is then (1) killed and restarted at once on
+/// its ports, with the embedded store (sessions lost: full RSA handshakes)
+/// and on Redis (sessions kept: fast connects), and (2) drained in a
+/// two-node cluster (its clients redirected to the other node). For each:
+/// seconds from the kill (or SIGTERM) until every client is bound again,
+/// the CPU of the node that takes them, the connect latency (attempt to
+/// bind), and the connections lost on the way.
+async fn storm(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let n = s.storm_conns;
+    let redis = start_redis().await?;
+    let limit = Duration::from_secs(120);
+    let mut out = json!({"conns": n, "concurrency": STORM_CONCURRENCY});
+    for (name, clustered) in [("kill_embedded", false), ("kill_redis", true)] {
+        eprintln!("storm: {n} clients, node killed and restarted ({name})");
+        let cl = clustered.then_some((&redis, "storm-a"));
+        let ports = (free_port()?, free_port()?, free_port()?);
+        let mut server = start_server_on(bin, cl, None, &[], ports).await?;
+        let mut w = Workers::start_storm(me, &server.tcp, n, STORM_CONCURRENCY).await?;
+        w.wait("storm: first bind", s.timeout, |t| t.bound_now >= n as i64)
+            .await?;
+        let before = w.totals().await?;
+        w.take_latency();
+        let t0 = Instant::now();
+        server.child.start_kill()?;
+        let _ = server.child.wait().await;
+        let again = start_server_on(bin, cl, None, &[], ports).await?;
+        let restarted = t0.elapsed().as_secs_f64();
+        let pid = again.child.id().unwrap_or(0);
+        let t = w
+            .wait("storm: every client bound again", limit, |t| {
+                t.bound_now >= n as i64
+            })
+            .await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu_secs(pid);
+        let fast = scrape(&again.api, "mpush_handshakes_total{kind=\"fast\"}").await?;
+        let full = scrape(&again.api, "mpush_handshakes_total{kind=\"full\"}").await?;
+        out[name] = json!({
+            "seconds_to_all_bound": secs,
+            "restart_seconds": restarted,
+            "server_cpu_s": cpu,
+            "full_handshakes": full,
+            "fast_connects": fast,
+            "lost": t.lost - before.lost,
+            "connect_latency": w.take_latency(),
+        });
+        w.quit().await;
+        drop(again);
+    }
+    eprintln!("storm: {n} clients, node drained (redirected to the other node)");
+    let a = start_server_with(bin, Some((&redis, "storm-da")), None, &[]).await?;
+    let b = start_server_with(bin, Some((&redis, "storm-db")), None, &[]).await?;
+    // Both nodes see each other before the drain picks where to send clients.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut w = Workers::start_storm(me, &a.tcp, n, STORM_CONCURRENCY).await?;
+    w.wait("storm: first bind", s.timeout, |t| t.bound_now >= n as i64)
+        .await?;
+    let before = w.totals().await?;
+    w.take_latency();
+    let bpid = b.child.id().unwrap_or(0);
+    let c0 = cpu_secs(bpid);
+    let t0 = Instant::now();
+    let status = tokio::process::Command::new("kill")
+        .args(["-TERM", &a.child.id().unwrap_or(0).to_string()])
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("storm: could not send SIGTERM to the node");
+    }
+    let t = w
+        .wait("storm: every client bound on the other node", limit, |t| {
+            t.bound_now >= n as i64 && t.lost >= before.lost + n as u64
+        })
+        .await?;
+    out["drain_redis"] = json!({
+        "seconds_to_all_bound": t0.elapsed().as_secs_f64(),
+        "server_cpu_s": cpu_secs(bpid) - c0,
+        "lost": t.lost - before.lost,
+        "connect_latency": w.take_latency(),
+    });
+    w.quit().await;
+    drop((a, b));
+    Ok(out)
+}
+
+/// Storm clients connecting at once per worker: no gate, as real clients
+/// have none (the kernel's accept queue is what spreads them).
+const STORM_CONCURRENCY: usize = 100_000;
+
 /// One series' value from the server's `/metrics` (0 when absent).
 async fn scrape(api: &str, series: &str) -> Result<f64> {
     let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
@@ -1420,6 +1575,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             up_msgs: 2_000,
             tail_secs: 1,
             rsa_ops: 100,
+            storm_conns: 300,
         }
     } else {
         Sizes {
@@ -1437,6 +1593,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             up_msgs: 200_000,
             tail_secs: 10,
             rsa_ops: 2_000,
+            storm_conns: 19_000,
         }
     };
     let started = Instant::now();
@@ -1487,6 +1644,10 @@ pub async fn run(a: RunArgs) -> Result<()> {
         eprintln!("cpu: server on one core, {} connections", s.conns);
         cpu_v = cpu(&me, &bin, &s).await?;
     }
+    let mut storm_v = Value::Null;
+    if want("storm") {
+        storm_v = storm(&me, &bin, &s).await?;
+    }
     let mut upstream_v = Value::Null;
     if want("upstream") {
         eprintln!("upstream: up-pushes to the sinks");
@@ -1505,6 +1666,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
         "cluster": cluster,
         "cpu": cpu_v,
         "upstream": upstream_v,
+        "storm": storm_v,
     });
     print_report(&report);
     println!("\ntargets:");

@@ -60,6 +60,13 @@ pub struct WorkerArgs {
     /// reconnect resumes the TLS session.
     #[arg(long)]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Reconnect storm clients: a lost connection (server gone, redirect,
+    /// refused connect) is not a failure; the client comes back as the SDK
+    /// does, with its backoff and jitter (or the redirect's delay) and its
+    /// resume ticket. `bound_now` counts who is bound; the connect latency
+    /// (attempt to bind) goes into the histogram.
+    #[arg(long)]
+    pub storm: bool,
 }
 
 type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
@@ -127,6 +134,10 @@ fn latency_us(content: &[u8]) -> Option<u64> {
 }
 
 struct Shared {
+    /// Storm clients bound right now.
+    bound_now: std::sync::atomic::AtomicI64,
+    /// Storm clients' connection losses and failed attempts.
+    lost: AtomicU64,
     received: AtomicU64,
     bound: AtomicU64,
     failed: AtomicU64,
@@ -365,6 +376,142 @@ async fn protocol_client(
     }
 }
 
+/// A storm client: connects, binds, and whenever the connection is lost
+/// comes back the way the SDK does (`sdk-core`'s session): after a loss or
+/// a failed attempt, the SDK's backoff (1 s doubling to 60 s, ±20 % jitter,
+/// reset once connected); after a redirect, its delay plus a random part of
+/// its jitter, to its address. A fast connect with the resume ticket when it
+/// has one. Never gives up.
+async fn storm_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate: Arc<Semaphore>) {
+    use mpush_protocol::backoff::{Backoff, BackoffConfig};
+    let base = args.src[(i / 20_000) % args.src.len().max(1)];
+    let user = format!("u{}", args.first + i);
+    let device = DeviceInfo {
+        device_id: format!("bench-{}", args.first + i),
+        os_name: "android".into(),
+        os_version: "14".into(),
+        client_version: "bench".into(),
+    };
+    let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
+    cfg.offer_v2 = !args.legacy;
+    cfg.handshake_timeout = Duration::from_secs(30);
+    cfg.bind_timeout = Duration::from_secs(30);
+    let cfg = Arc::new(cfg);
+    let mut seed = [0u8; 32];
+    seed[..8].copy_from_slice(&((args.first + i) as u64).to_le_bytes());
+    let mut rng: mpush_protocol::crypto::Rng = rand_core::SeedableRng::from_seed(seed);
+    let mut backoff = Backoff::new(BackoffConfig::default());
+    let mut target = args.target.clone();
+    let mut ticket: Option<ResumeTicket> = None;
+    let mut dedup = DedupWindow::new(64);
+    let mut buf = vec![0u8; 4096];
+    let mut attempt: u64 = 0;
+    loop {
+        attempt += 1;
+        // A fresh source address per attempt: earlier ports may be in TIME_WAIT.
+        let src = match base {
+            IpAddr::V4(v4) => {
+                let [a, _, c, d] = v4.octets();
+                IpAddr::from([a, (attempt % 250) as u8 + 1, c, d])
+            }
+            other => other,
+        };
+        let started = std::time::Instant::now();
+        let permit = gate.clone().acquire_owned().await.ok();
+        let a = WorkerArgs {
+            target: target.clone(),
+            ..(*args).clone()
+        };
+        let mut io = match Io::open(&a, src, None).await {
+            Ok(io) => io,
+            Err(_) => {
+                drop(permit);
+                shared.lost.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(backoff.next_delay(&mut rng)).await;
+                continue;
+            }
+        };
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&((args.first + i) as u64).to_le_bytes());
+        seed[8..16].copy_from_slice(&attempt.to_le_bytes());
+        let mut m = ClientConnection::new(
+            cfg.clone(),
+            seed,
+            Instant::now(),
+            (now_ns() / 1_000_000) as i64,
+            ticket.clone(),
+            std::mem::take(&mut dedup),
+        );
+        let mut permit = permit;
+        let mut bound = false;
+        // What to wait before the next attempt, and where to go.
+        let wait: Duration = 'conn: loop {
+            while let Some(e) = m.poll_event() {
+                match e {
+                    ClientEvent::Connected { ticket: t, .. } => {
+                        if let Some(t) = t {
+                            ticket = Some(t);
+                        }
+                        backoff.reset();
+                        let _ = m.bind(&user, "", "", Instant::now());
+                    }
+                    ClientEvent::BindOk { .. } => {
+                        if !bound {
+                            bound = true;
+                            permit.take();
+                            shared.bound.fetch_add(1, Ordering::Relaxed);
+                            shared.bound_now.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(mut h) = shared.hist.lock() {
+                                let _ = h.record((started.elapsed().as_micros() as u64).max(1));
+                            }
+                        }
+                    }
+                    ClientEvent::Redirect(r) => {
+                        if !r.address.is_empty() {
+                            target = r.address.clone();
+                        }
+                        let jitter = if r.jitter_ms == 0 {
+                            0
+                        } else {
+                            rand_core::Rng::next_u64(&mut rng) % u64::from(r.jitter_ms)
+                        };
+                        backoff.reset();
+                        break 'conn Duration::from_millis(u64::from(r.retry_after_ms) + jitter);
+                    }
+                    ClientEvent::Closed { .. } => break 'conn backoff.next_delay(&mut rng),
+                    _ => {}
+                }
+            }
+            while let Some(b) = m.poll_transmit() {
+                if io.send(b).await.is_err() {
+                    break 'conn backoff.next_delay(&mut rng);
+                }
+            }
+            let deadline = m.poll_timeout();
+            tokio::select! {
+                r = io.recv(&mut buf) => match r {
+                    Ok(Some(b)) => m.handle_input(&b, Instant::now()),
+                    Ok(None) | Err(_) => break 'conn backoff.next_delay(&mut rng),
+                },
+                _ = async {
+                    match deadline {
+                        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+                        None => std::future::pending().await,
+                    }
+                } => m.handle_timeout(Instant::now()),
+            }
+        };
+        drop(permit);
+        if bound {
+            shared.bound_now.fetch_sub(1, Ordering::Relaxed);
+        }
+        shared.lost.fetch_add(1, Ordering::Relaxed);
+        dedup = m.take_dedup();
+        drop(io);
+        tokio::time::sleep(wait).await;
+    }
+}
+
 /// One client of the ideal server: count length-prefixed frames.
 async fn ideal_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate: Arc<Semaphore>) {
     let src = args.src[(i / 20_000) % args.src.len().max(1)];
@@ -410,6 +557,8 @@ fn stats(shared: &Shared) -> serde_json::Value {
     json!({
         "event": "stats",
         "received": shared.received.load(Ordering::Relaxed),
+        "bound_now": shared.bound_now.load(Ordering::Relaxed),
+        "lost": shared.lost.load(Ordering::Relaxed),
         "bound": shared.bound.load(Ordering::Relaxed),
         "connected": shared.connected.load(Ordering::Relaxed),
         "resumed": shared.resumed.load(Ordering::Relaxed),
@@ -424,6 +573,8 @@ fn stats(shared: &Shared) -> serde_json::Value {
 pub async fn run(args: WorkerArgs) -> Result<()> {
     let args = Arc::new(args);
     let shared = Arc::new(Shared {
+        bound_now: std::sync::atomic::AtomicI64::new(0),
+        lost: AtomicU64::new(0),
         received: AtomicU64::new(0),
         bound: AtomicU64::new(0),
         failed: AtomicU64::new(0),
@@ -438,6 +589,8 @@ pub async fn run(args: WorkerArgs) -> Result<()> {
         let (a, s, g) = (args.clone(), shared.clone(), gate.clone());
         if args.transport == Transport::Ideal {
             tokio::spawn(ideal_client(i, a, s, g));
+        } else if args.storm {
+            tokio::spawn(storm_client(i, a, s, g));
         } else {
             tokio::spawn(protocol_client(i, a, s, g, round_rx.clone()));
         }

@@ -62,10 +62,28 @@ pub fn metrics_handle() -> PrometheusHandle {
     telemetry::handle()
 }
 
+/// Connections the kernel completes for a listener before it accepts them
+/// (clamped by `net.core.somaxconn`). tokio's default is 1,024: a node
+/// restarted under thousands of reconnecting clients then drops SYNs and
+/// they retry a second or more later.
+const LISTEN_BACKLOG: u32 = 4096;
+
 /// Binds a listener; an error names the setting and the flag that move it
 /// (a second node on the same host needs its own ports).
 async fn bind(a: SocketAddr, what: &str, setting: &str, flag: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(a).await.map_err(|e| {
+    let listen = || -> std::io::Result<TcpListener> {
+        let sock = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As `TcpListener::bind` does: a restarted node binds its ports again
+        // while the old connections sit in TIME_WAIT.
+        sock.set_reuseaddr(true)?;
+        sock.bind(a)?;
+        sock.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             format!(
                 "; another process (another node?) listens there: give this one its own port with {setting} or {flag}"

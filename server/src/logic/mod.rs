@@ -320,14 +320,39 @@ impl Hub {
         if let Some(cl) = &self.cluster {
             cl.deregister().await;
             self.delivery.router.withdraw().await;
-            redirect = cl
+            let others = cl
                 .live_nodes()
                 .await
                 .into_iter()
-                .find(|n| n.id != cl.node_id);
+                .filter(|n| n.id != cl.node_id);
+            redirect = first_reachable(others).await;
         }
         self.node.signal_drain(redirect);
     }
+}
+
+/// The least loaded of `nodes` (in their order) that accepts a connection on
+/// its node port now. A node killed a moment ago keeps its registration
+/// until it expires: redirecting every client there would send them into
+/// their backoff instead of to a node that takes them. None reachable: the
+/// clients are told to come back anywhere (their own server list).
+async fn first_reachable(
+    nodes: impl Iterator<Item = crate::cluster::NodeInfo>,
+) -> Option<crate::cluster::NodeInfo> {
+    const PROBE: Duration = Duration::from_millis(300);
+    for n in nodes {
+        if n.internal.is_empty() {
+            // An older node that does not say: trust its registration.
+            return Some(n);
+        }
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(PROBE, tokio::net::TcpStream::connect(&n.internal)).await
+        {
+            return Some(n);
+        }
+        tracing::warn!(node = %n.id, internal = %n.internal, "drain: a registered node does not answer; not redirecting clients there");
+    }
+    None
 }
 
 /// The protocol machines' settings, from the server's.
