@@ -366,13 +366,30 @@ fn round3(r: &Value) -> Vec<Target> {
             "x",
         ));
     }
-    t.push(Target::missing(
-        "RSS per connection at 100k connections vs at 10k",
-        "<=",
-        1.1,
-        "x",
-        "the tool's largest step is 50k connections on 3 processes",
-    ));
+    let steps: Vec<&Value> = r["curve"].as_array().into_iter().flatten().collect();
+    match (steps.first(), steps.last()) {
+        (Some(a), Some(b)) if steps.len() > 1 => t.push(Target::new(
+            format!(
+                "RSS per connection at {} connections vs at {} ({} node processes on one Redis; {:.0} B vs {:.0} B)",
+                b["conns"],
+                a["conns"],
+                b["nodes"],
+                f(&b["rss_bytes_per_conn_mean"]),
+                f(&a["rss_bytes_per_conn_mean"])
+            ),
+            f(&b["rss_bytes_per_conn_mean"]) / f(&a["rss_bytes_per_conn_mean"]).max(1e-9),
+            "<=",
+            1.1,
+            "x",
+        )),
+        _ => t.push(Target::missing(
+            "RSS per connection at 100k connections vs at 10k",
+            "<=",
+            1.1,
+            "x",
+            "this run has no cost curve",
+        )),
+    }
     t
 }
 
@@ -468,6 +485,8 @@ pub fn line_chart(
             format!("{:.1}M", v / 1_000_000.0)
         } else if v >= 1000.0 {
             format!("{:.0}k", v / 1000.0)
+        } else if v.fract().abs() > 1e-9 {
+            format!("{v:.1}")
         } else {
             format!("{v:.0}")
         };
@@ -633,6 +652,58 @@ pub fn broadcast_chart(r: &Value) -> String {
     )
 }
 
+/// The cost curve: each per-connection or per-delivery cost as a multiple
+/// of its value at the first step (flat at 1 is the shape to reach).
+pub fn curve_chart(r: &Value) -> String {
+    let steps: Vec<&Value> = r["curve"].as_array().into_iter().flatten().collect();
+    let first = steps.first().copied().cloned().unwrap_or(Value::Null);
+    let rel = |get: &dyn Fn(&Value) -> f64| -> Vec<(f64, f64)> {
+        let base = get(&first).max(1e-9);
+        steps
+            .iter()
+            .map(|st| (f(&st["conns"]), get(st) / base))
+            .collect()
+    };
+    let ticks: Vec<(f64, String)> = steps
+        .iter()
+        .map(|st| {
+            let n = f(&st["conns"]);
+            (n, format!("{}k ({}p)", n / 1000.0, st["nodes"]))
+        })
+        .collect();
+    let tick_refs: Vec<(f64, &str)> = ticks.iter().map(|(v, l)| (*v, l.as_str())).collect();
+    line_chart(
+        "Cost curve: cost per connection and per delivery, vs the first step",
+        "connections (node processes, one Redis)",
+        "x the first step's cost",
+        &[
+            Series {
+                name: "RSS per connection".into(),
+                color: "#d62728",
+                points: rel(&|v| f(&v["rss_bytes_per_conn_mean"])),
+            },
+            Series {
+                name: "Redis memory per connection".into(),
+                color: "#1f77b4",
+                points: rel(&|v| f(&v["redis_bytes_per_conn"])),
+            },
+            Series {
+                name: "server CPU per broadcast delivery".into(),
+                color: "#2ca02c",
+                points: rel(&|v| f(&v["broadcast_cpu_us_per_delivery"])),
+            },
+            Series {
+                name: "unicast p99 at 1,000/s".into(),
+                color: "#9467bd",
+                points: rel(&|v| f(&v["unicast_1000_per_s"]["p99_us"])),
+            },
+        ],
+        true,
+        false,
+        &tick_refs,
+    )
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -679,6 +750,9 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("latency.svg"), latency_chart(r))?;
     std::fs::write(dir.join("broadcast.svg"), broadcast_chart(r))?;
+    if !r["curve"].is_null() {
+        std::fs::write(dir.join("curve.svg"), curve_chart(r))?;
+    }
     let ideal = &r["ideal"];
     let mut o = String::new();
     let _ = writeln!(o, "# Benchmarks\n");
@@ -937,6 +1011,41 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
                     .join(", ")
             );
         }
+    }
+    let steps: Vec<&Value> = r["curve"].as_array().into_iter().flatten().collect();
+    if !steps.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n## The cost curve (node processes on one Redis, TCP v2)\n\n\
+             Each step starts fresh node processes and a fresh Redis. RSS per connection is each node's RSS growth over \
+             its own connections (the mean over the nodes); Redis memory is `used_memory` growth per connection (its \
+             route and its session). A broadcast is sent one at a time through node A's API; its CPU is every node's. \
+             The unicast latency is of single-user pushes at 1,000/s through node A's API, most of them crossing to \
+             another node.\n\n\
+             | connections | nodes | RSS per connection (per node) | Redis per connection | one broadcast to all (median) | server CPU per delivery | unicast at 1,000/s p50 / p99 |\n|---|---|---|---|---|---|---|"
+        );
+        for st in &steps {
+            let per_node: Vec<String> = st["rss_bytes_per_conn"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| format!("{:.0}", f(v)))
+                .collect();
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.0} B ({}) | {:.0} B | {:.1} ms | {:.2} µs | {:.2} / {:.2} ms |",
+                st["conns"],
+                st["nodes"],
+                f(&st["rss_bytes_per_conn_mean"]),
+                per_node.join(", "),
+                f(&st["redis_bytes_per_conn"]),
+                f(&st["broadcast_seconds_median"]) * 1000.0,
+                f(&st["broadcast_cpu_us_per_delivery"]),
+                f(&st["unicast_1000_per_s"]["p50_us"]) / 1000.0,
+                f(&st["unicast_1000_per_s"]["p99_us"]) / 1000.0,
+            );
+        }
+        let _ = writeln!(o, "\n![cost curve](docs/bench/curve.svg)");
     }
     let st = &r["storm"];
     if !st.is_null() {

@@ -36,7 +36,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Run only these scenario groups (ideal, connections, delivery, scale,
-    /// cluster, cpu, upstream, storm); the report needs them all.
+    /// cluster, cpu, upstream, storm, curve); the report needs them all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Write the report (Markdown) here, with its charts in `docs/bench/` beside it.
@@ -585,6 +585,9 @@ struct Sizes {
     rsa_ops: usize,
     /// Clients in the reconnect storms.
     storm_conns: usize,
+    /// The cost curve's steps (connections) and its node processes.
+    curve: Vec<usize>,
+    curve_nodes: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -1373,6 +1376,100 @@ async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) 
     }))
 }
 
+/// Redis's `used_memory`, in bytes.
+async fn redis_used_memory(redis: &Redis) -> Result<u64> {
+    let client = redis::Client::open(redis.url.as_str())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+/// The cost curve: for each step of `s.curve` connections over
+/// `s.curve_nodes` node processes on one Redis, what one more connection
+/// costs (each node's RSS, Redis memory: routes and sessions), what a
+/// broadcast to all of them costs (time, server CPU per delivery), and the
+/// latency of single-user pushes at 1,000/s through one node's API (most
+/// cross to another node). The shape to reach: per-connection cost flat,
+/// broadcast cost linear in the recipients.
+async fn curve(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
+    let mut steps = Vec::new();
+    for &n in &s.curve {
+        let nodes = s.curve_nodes;
+        eprintln!("curve: {n} connections on {nodes} node processes and one Redis");
+        let redis = start_redis().await?;
+        let mut servers = Vec::new();
+        for id in NODE_IDS.iter().take(nodes) {
+            servers.push(start_server(bin, Some((&redis, *id))).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let pids: Vec<u32> = servers.iter().map(|x| x.child.id().unwrap_or(0)).collect();
+        let rss0: Vec<u64> = pids.iter().map(|p| rss_kb(*p)).collect();
+        let redis0 = redis_used_memory(&redis).await?;
+        let targets: Vec<String> = servers.iter().map(|x| x.tcp.clone()).collect();
+        let per_node = Workers::split(n, nodes);
+        let mut w = Workers::start(me, &targets, Transport::Tcp, false, n, 0).await?;
+        w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+        // Every node must see the others before a broadcast fans out.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let rss: Vec<f64> = pids
+            .iter()
+            .zip(&rss0)
+            .zip(&per_node)
+            .map(|((p, r0), k)| (rss_kb(*p).saturating_sub(*r0) * 1024) as f64 / (*k).max(1) as f64)
+            .collect();
+        let redis_bytes = redis_used_memory(&redis).await?.saturating_sub(redis0) as f64 / n as f64;
+        let http = reqwest::Client::new();
+        // One broadcast at a time, `s.broadcasts` times.
+        let cpu0: f64 = pids.iter().map(|p| cpu_secs(*p)).sum();
+        let url = format!("{}/api/v1/broadcast", servers[0].api);
+        let mut one = Vec::new();
+        for _ in 0..s.broadcasts {
+            let t0 = Instant::now();
+            broadcast_n(&mut w, &http, &url, s, n, 1).await?;
+            one.push(t0.elapsed().as_secs_f64());
+        }
+        let cpu_b: f64 = pids.iter().map(|p| cpu_secs(*p)).sum::<f64>() - cpu0;
+        one.sort_by(f64::total_cmp);
+        // Single-user pushes at 1,000/s through node A.
+        let url = format!("{}/api/v1/push", servers[0].api);
+        let pushes = s.tail_secs.min(3) as usize * 1000;
+        let send = async {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            let mut tasks = Vec::with_capacity(pushes);
+            for k in 0..pushes {
+                tick.tick().await;
+                let body =
+                    json!({"userId": format!("u{}", (k * 7919) % n), "content": stamp(PAYLOAD)});
+                let (http, url) = (http.clone(), url.clone());
+                tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+            }
+            for t in tasks {
+                t.await??;
+            }
+            Ok(())
+        };
+        let (_, unicast) =
+            measure(&mut w, "curve: unicast at 1000/s", s.timeout, pushes, send).await?;
+        w.quit().await;
+        drop(servers);
+        steps.push(json!({
+            "conns": n,
+            "nodes": nodes,
+            "rss_bytes_per_conn": rss,
+            "rss_bytes_per_conn_mean": rss.iter().sum::<f64>() / rss.len().max(1) as f64,
+            "redis_bytes_per_conn": redis_bytes,
+            "broadcast_seconds_median": one.get(one.len() / 2).copied().unwrap_or(0.0),
+            "broadcast_cpu_us_per_delivery": cpu_b * 1e6 / (s.broadcasts * n).max(1) as f64,
+            "unicast_1000_per_s": unicast,
+        }));
+    }
+    Ok(json!(steps))
+}
+
 /// Scenario 5: three nodes on one Redis; the clients on B and C, every push
 /// through A's batch API, so each one crosses nodes.
 async fn cluster_unicast(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
@@ -1576,6 +1673,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             tail_secs: 1,
             rsa_ops: 100,
             storm_conns: 300,
+            curve: vec![300, 900],
+            curve_nodes: 2,
         }
     } else {
         Sizes {
@@ -1594,6 +1693,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             tail_secs: 10,
             rsa_ops: 2_000,
             storm_conns: 19_000,
+            curve: vec![10_000, 50_000, 100_000],
+            curve_nodes: 6,
         }
     };
     let started = Instant::now();
@@ -1644,6 +1745,10 @@ pub async fn run(a: RunArgs) -> Result<()> {
         eprintln!("cpu: server on one core, {} connections", s.conns);
         cpu_v = cpu(&me, &bin, &s).await?;
     }
+    let mut curve_v = Value::Null;
+    if want("curve") {
+        curve_v = curve(&me, &bin, &s).await?;
+    }
     let mut storm_v = Value::Null;
     if want("storm") {
         storm_v = storm(&me, &bin, &s).await?;
@@ -1667,6 +1772,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
         "cpu": cpu_v,
         "upstream": upstream_v,
         "storm": storm_v,
+        "curve": curve_v,
     });
     print_report(&report);
     println!("\ntargets:");
