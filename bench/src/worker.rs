@@ -455,15 +455,13 @@ async fn storm_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate
                         backoff.reset();
                         let _ = m.bind(&user, "", "", Instant::now());
                     }
-                    ClientEvent::BindOk { .. } => {
-                        if !bound {
-                            bound = true;
-                            permit.take();
-                            shared.bound.fetch_add(1, Ordering::Relaxed);
-                            shared.bound_now.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(mut h) = shared.hist.lock() {
-                                let _ = h.record((started.elapsed().as_micros() as u64).max(1));
-                            }
+                    ClientEvent::BindOk { .. } if !bound => {
+                        bound = true;
+                        permit.take();
+                        shared.bound.fetch_add(1, Ordering::Relaxed);
+                        shared.bound_now.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut h) = shared.hist.lock() {
+                            let _ = h.record((started.elapsed().as_micros() as u64).max(1));
                         }
                     }
                     ClientEvent::Redirect(r) => {
