@@ -647,6 +647,61 @@ async fn a_draining_node_leaves_first_and_sends_v2_clients_to_another_node() {
     a.shutdown().await;
 }
 
+/// A node killed a moment ago is still registered until its TTL: a drain
+/// must not send its clients there (they would back off against a closed
+/// port), but to a node that answers.
+#[tokio::test]
+async fn a_drain_skips_a_registered_node_that_does_not_answer() {
+    use mpush_sdk_core::SessionEvent;
+    use mpush_sdk_core::native::{Client, ClientOptions};
+    use mpush_sdk_core::session::SessionConfig;
+
+    let redis = Redis::start(free_port()).await;
+    let a = start(node_settings(&redis.url(), "A")).await;
+    let mut sb = node_settings(&redis.url(), "B");
+    sb.shutdown.redirect_jitter_ms = 200;
+    let b = start(sb).await;
+    let api_a = Api::new(&a);
+    wait_for_nodes(&api_a, 2).await;
+    // A dead node's registration, as a killed process leaves it: the least
+    // loaded and first by id, its ports closed.
+    let closed = free_port();
+    let dead = json!({
+        "id": "0dead", "tcp": format!("127.0.0.1:{closed}"), "ws": "", "http": "",
+        "internal": format!("127.0.0.1:{closed}"), "load": 0,
+    });
+    redis
+        .query(&["SET", "mp:{n}:node:0dead", &dead.to_string(), "EX", "60"])
+        .await;
+    redis.query(&["SADD", "mp:{n}:nodes", "0dead"]).await;
+    let key = std::sync::Arc::new(mpush_protocol::crypto::RsaPublic::mpush_default());
+    let cfg = SessionConfig::new(
+        vec![b.tcp.to_string()],
+        key,
+        device("erin-phone", "android"),
+    );
+    let mut c = Client::connect(ClientOptions {
+        session: cfg,
+        ticket_store: None,
+    })
+    .expect("valid options");
+    c.bind("erin", "", "").await.expect("bind");
+    wait_sdk(&mut c, "bound on B", |e| {
+        matches!(e, SessionEvent::BindResult { ok: true, .. })
+    })
+    .await;
+    b.shutdown().await;
+    let e = wait_sdk(&mut c, "moved", |e| {
+        matches!(e, SessionEvent::Connected { .. })
+    })
+    .await;
+    assert!(
+        matches!(&e, SessionEvent::Connected { address, .. } if *address == a.tcp.to_string()),
+        "redirected to the node that answers, not the dead one: {e:?}"
+    );
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_sentinel_failover_is_followed_without_a_restart() {
     let (p_master, p_replica, p_sentinel) = (free_port(), free_port(), free_port());
