@@ -920,20 +920,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // connection idle and bound, the server alone on its core.
     let url = format!("{}/api/v1/push", server.api);
     let tail_n = s.tail_secs as usize * 1000;
-    let tail_send = async {
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        let mut tasks = Vec::with_capacity(tail_n);
-        for k in 0..tail_n {
-            tick.tick().await;
-            let body = json!({"userId": format!("u{}", (k * 7919) % n), "content": stamp(PAYLOAD)});
-            let (http, url) = (http.clone(), url.clone());
-            tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        Ok(())
-    };
+    let tail_send = paced_pushes(&http, &url, tail_n, n);
     eprintln!("cpu: single-user pushes at 1000/s for {} s", s.tail_secs);
     let c_tail = cpu_secs(pid);
     let (_, tail_latency) = measure(
@@ -1257,6 +1244,24 @@ async fn storm(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
 /// have none (the kernel's accept queue is what spreads them).
 const STORM_CONCURRENCY: usize = 100_000;
 
+/// `count` single-user pushes through `url` at 1,000/s, spread over `users`
+/// users; each request is made (and its timestamp taken) when its tick comes.
+async fn paced_pushes(http: &reqwest::Client, url: &str, count: usize, users: usize) -> Result<()> {
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let mut tasks = Vec::with_capacity(count);
+    for k in 0..count {
+        tick.tick().await;
+        let body =
+            json!({"userId": format!("u{}", (k * 7919) % users.max(1)), "content": stamp(PAYLOAD)});
+        let (http, url) = (http.clone(), url.to_string());
+        tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
 /// One series' value from the server's `/metrics` (0 when absent).
 async fn scrape(api: &str, series: &str) -> Result<f64> {
     let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
@@ -1437,21 +1442,7 @@ async fn curve(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         // Single-user pushes at 1,000/s through node A.
         let url = format!("{}/api/v1/push", servers[0].api);
         let pushes = s.tail_secs.min(3) as usize * 1000;
-        let send = async {
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            let mut tasks = Vec::with_capacity(pushes);
-            for k in 0..pushes {
-                tick.tick().await;
-                let body =
-                    json!({"userId": format!("u{}", (k * 7919) % n), "content": stamp(PAYLOAD)});
-                let (http, url) = (http.clone(), url.clone());
-                tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
-            }
-            for t in tasks {
-                t.await??;
-            }
-            Ok(())
-        };
+        let send = paced_pushes(&http, &url, pushes, n);
         let (_, unicast) =
             measure(&mut w, "curve: unicast at 1000/s", s.timeout, pushes, send).await?;
         w.quit().await;

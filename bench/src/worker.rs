@@ -262,6 +262,24 @@ where
     }
 }
 
+/// Client `i`'s protocol configuration: its device, the profile the worker
+/// speaks (the transport-secured one over TLS), `timeout` for the handshake
+/// and the bind.
+fn client_config(args: &WorkerArgs, i: usize, timeout: Duration) -> Arc<ClientConfig> {
+    let device = DeviceInfo {
+        device_id: format!("bench-{}", args.first + i),
+        os_name: "android".into(),
+        os_version: "14".into(),
+        client_version: "bench".into(),
+    };
+    let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
+    cfg.offer_v2 = !args.legacy;
+    cfg.transport_secured = args.tls_ca.is_some();
+    cfg.handshake_timeout = timeout;
+    cfg.bind_timeout = timeout;
+    Arc::new(cfg)
+}
+
 /// One protocol client: connect (fast connect when it has a ticket), bind,
 /// count messages; on each `reconnect` round, drop the socket and come back.
 async fn protocol_client(
@@ -273,18 +291,7 @@ async fn protocol_client(
 ) {
     let src = args.src[(i / 20_000) % args.src.len().max(1)];
     let user = format!("u{}", args.first + i);
-    let device = DeviceInfo {
-        device_id: format!("bench-{}", args.first + i),
-        os_name: "android".into(),
-        os_version: "14".into(),
-        client_version: "bench".into(),
-    };
-    let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
-    cfg.offer_v2 = !args.legacy;
-    cfg.transport_secured = args.tls_ca.is_some();
-    cfg.handshake_timeout = Duration::from_secs(60);
-    cfg.bind_timeout = Duration::from_secs(60);
-    let cfg = Arc::new(cfg);
+    let cfg = client_config(&args, i, Duration::from_secs(60));
     let mut ticket: Option<ResumeTicket> = None;
     let mut dedup = DedupWindow::new(64);
     let mut buf = vec![0u8; 4096];
@@ -386,17 +393,7 @@ async fn storm_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate
     use mpush_protocol::backoff::{Backoff, BackoffConfig};
     let base = args.src[(i / 20_000) % args.src.len().max(1)];
     let user = format!("u{}", args.first + i);
-    let device = DeviceInfo {
-        device_id: format!("bench-{}", args.first + i),
-        os_name: "android".into(),
-        os_version: "14".into(),
-        client_version: "bench".into(),
-    };
-    let mut cfg = ClientConfig::new(Arc::new(RsaPublic::mpush_default()), device);
-    cfg.offer_v2 = !args.legacy;
-    cfg.handshake_timeout = Duration::from_secs(30);
-    cfg.bind_timeout = Duration::from_secs(30);
-    let cfg = Arc::new(cfg);
+    let cfg = client_config(&args, i, Duration::from_secs(30));
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&((args.first + i) as u64).to_le_bytes());
     let mut rng: mpush_protocol::crypto::Rng = rand_core::SeedableRng::from_seed(seed);
