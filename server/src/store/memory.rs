@@ -14,9 +14,9 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::{
-    BroadcastView, Failure, InboxError, InboxStore, MAX_FAILURES, RecipientState, SessionStore,
-    StateCounts, StoreError, StoredMessage, TopicFull, TopicStore, TraceCounts, TraceEvent,
-    TraceState, TraceStore, TraceView,
+    BroadcastView, Failure, InboxError, InboxStore, MAX_FAILURES, MAX_HISTORY, RecipientState,
+    SessionStore, StateCounts, StoreError, StoredMessage, TopicFull, TopicStore, TraceCounts,
+    TraceEvent, TraceState, TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
 
@@ -194,9 +194,6 @@ struct TraceEntry {
     /// What this entry costs, roughly (counted into `MemoryTraces::bytes`).
     size: usize,
 }
-
-/// History entries kept per recipient: the first ones and the latest.
-const MAX_HISTORY: usize = 16;
 
 fn event_bytes(detail: Option<&str>) -> usize {
     32 + detail.map_or(0, str::len)

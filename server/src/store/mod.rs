@@ -103,6 +103,9 @@ impl TraceState {
     }
 }
 
+/// History entries kept per recipient: the first ones and the latest.
+pub(crate) const MAX_HISTORY: usize = 16;
+
 /// One recipient's state in a trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

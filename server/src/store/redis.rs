@@ -19,9 +19,9 @@ use futures_util::StreamExt;
 use tracing::warn;
 
 use super::{
-    Failure, InboxError, InboxStore, RecipientState, SessionStore, StateCounts, StoreError,
-    StoredMessage, TopicFull, TopicStore, TraceCounts, TraceEvent, TraceState, TraceStore,
-    TraceView,
+    Failure, InboxError, InboxStore, MAX_HISTORY, RecipientState, SessionStore, StateCounts,
+    StoreError, StoredMessage, TopicFull, TopicStore, TraceCounts, TraceEvent, TraceState,
+    TraceStore, TraceView,
 };
 use crate::clock::unix_ms;
 use crate::redis_conn::RedisHandle;
@@ -181,10 +181,17 @@ fn parse_session(
     }
 }
 
-/// Traces: a hash per trace (`mp:trace:<id>`), one field per recipient
-/// (`user|device`) holding its JSON state; a broadcast's counts as
-/// `n:<node>:<STATE>` counters and its failures as `f:<user>|<device>`; all
-/// expiring with the trace TTL.
+/// Traces: a hash per trace (`mp:trace:<id>`). Each recipient event is a
+/// field of its own (`e:<hash>` of user, device, state and detail; the value
+/// `v1|<client type>|<unix ms>|<STATE>|<user len>|<device len>|<detail len or ->|<user><device><detail>`),
+/// written without reading: a batch of events is one `HSET` per trace, and
+/// the recipients' states are folded from their events when the trace is
+/// read. The same event again (same state and detail) replaces its field, so
+/// a recipient holds at most one field per distinct state and detail (a
+/// retry's detail names its attempt). A broadcast's counts are
+/// `n:<node>:<STATE>` counters and its failures `f:<user>|<device>`; all
+/// expire with the trace TTL. Fields `<user>|<device>` holding a JSON state
+/// are the layout before 0.9 (read, never written).
 pub struct RedisTraces {
     pub redis: RedisHandle,
     pub ttl_secs: u64,
@@ -198,117 +205,199 @@ fn state_from(s: &str) -> TraceState {
     TraceState::from_name(s).unwrap_or(TraceState::Accepted)
 }
 
-impl RedisTraces {
-    /// One trace's events: one read and one write, whatever their number.
-    async fn record_one(
-        &self,
-        trace_id: Arc<str>,
-        events: Vec<TraceEvent>,
-    ) -> Result<(), StoreError> {
-        let key = format!("mp:trace:{trace_id}");
-        // A batch of a 1,000-user push names 2,000 fields: deduplicated by
-        // set, not by scanning the list.
-        let mut fields: Vec<String> = vec!["_meta".into()];
-        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
-        for e in &events {
-            for f in [
-                format!("{}|{}", e.user_id, e.device_id),
-                format!("{}|", e.user_id),
-            ] {
-                if seen.insert(f.clone()) {
-                    fields.push(f);
-                }
-            }
+/// FNV-1a, 64 bits: a field name that is the same on every node and version.
+fn fnv64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.iter().chain(std::iter::once(&0xff)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
-        let mut c = self.redis.conn();
-        let values: Vec<Option<String>> = check(
-            "traces",
-            "trace read",
-            redis::cmd("HMGET")
-                .arg(&key)
-                .arg(&fields)
-                .query_async(&mut c)
-                .await,
-        )?;
-        if values.first().cloned().flatten().is_none() {
-            // The trace expired (or never was): recording must not create a
-            // key without a TTL.
-            return Ok(());
+    }
+    h
+}
+
+/// One event's field and value (see [`RedisTraces`]).
+fn event_entry(e: &TraceEvent) -> (String, String) {
+    use std::fmt::Write as _;
+    let state = state_name(e.state);
+    let detail = e.detail.as_deref();
+    let field = format!(
+        "e:{:016x}",
+        fnv64(&[
+            e.user_id.as_bytes(),
+            e.device_id.as_bytes(),
+            state.as_bytes(),
+            detail.map_or(&[0xfe][..], str::as_bytes),
+        ])
+    );
+    let mut v = String::with_capacity(
+        48 + e.user_id.len() + e.device_id.len() + detail.map_or(0, str::len),
+    );
+    let _ = write!(
+        v,
+        "v1|{}|{}|{state}|{}|{}|",
+        e.client_type.code(),
+        e.at_ms,
+        e.user_id.len(),
+        e.device_id.len()
+    );
+    match detail {
+        Some(d) => {
+            let _ = write!(v, "{}|", d.len());
         }
-        let mut current: HashMap<String, RecipientState> = fields
-            .iter()
-            .zip(values)
-            .skip(1)
-            .filter_map(|(f, v)| {
-                let v: Value = serde_json::from_str(v.as_deref()?).ok()?;
-                Some((f.clone(), recipient_from_json(&v)))
-            })
-            .collect();
-        let mut deleted: Vec<String> = Vec::new();
-        let mut changed: std::collections::HashSet<String> = std::collections::HashSet::new();
-        for e in events {
-            let field = format!("{}|{}", e.user_id, e.device_id);
-            let placeholder = format!("{}|", e.user_id);
-            let mut r = match current.remove(&field) {
-                Some(r) => r,
-                None => match (!e.device_id.is_empty())
-                    .then(|| current.remove(&placeholder))
-                    .flatten()
-                {
-                    // The offline placeholder becomes the device that got it.
-                    Some(r) => {
-                        deleted.push(placeholder.clone());
-                        changed.remove(&placeholder);
-                        r
+        None => v.push_str("-|"),
+    }
+    v.push_str(&e.user_id);
+    v.push_str(&e.device_id);
+    v.push_str(detail.unwrap_or_default());
+    (field, v)
+}
+
+/// A recipient event as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StoredEvent {
+    user_id: String,
+    device_id: String,
+    client_type: ClientType,
+    state: TraceState,
+    at_ms: i64,
+    detail: Option<String>,
+}
+
+fn parse_event(v: &str) -> Option<StoredEvent> {
+    let mut it = v.splitn(8, '|');
+    if it.next()? != "v1" {
+        return None;
+    }
+    let client_type = ClientType::from_code(it.next()?.parse().ok()?).unwrap_or_default();
+    let at_ms = it.next()?.parse().ok()?;
+    let state = TraceState::from_name(it.next()?)?;
+    let ulen: usize = it.next()?.parse().ok()?;
+    let dlen: usize = it.next()?.parse().ok()?;
+    let tlen: Option<usize> = match it.next()? {
+        "-" => None,
+        n => Some(n.parse().ok()?),
+    };
+    let rest = it.next()?;
+    let (user_id, rest) = (rest.get(..ulen)?, rest.get(ulen..)?);
+    let (device_id, detail) = (rest.get(..dlen)?, rest.get(dlen..)?);
+    if tlen.unwrap_or(0) != detail.len() {
+        return None;
+    }
+    Some(StoredEvent {
+        user_id: user_id.to_owned(),
+        device_id: device_id.to_owned(),
+        client_type,
+        state,
+        at_ms,
+        detail: tlen.map(|_| detail.to_owned()),
+    })
+}
+
+/// The events of a record in the layout before 0.9.
+fn legacy_events(r: RecipientState) -> Vec<StoredEvent> {
+    let ev = |(state, at_ms, detail)| StoredEvent {
+        user_id: r.user_id.clone(),
+        device_id: r.device_id.clone(),
+        client_type: r.client_type,
+        state,
+        at_ms,
+        detail,
+    };
+    if r.history.is_empty() {
+        vec![ev((r.state, r.updated_at_ms, r.detail.clone()))]
+    } else {
+        r.history.iter().cloned().map(ev).collect()
+    }
+}
+
+/// The recipients' states from their events, folded as the embedded store
+/// applies them, in time order (a state's rank breaks a tie): a state
+/// replaces the current one unless it ranks lower (OFFLINE is always
+/// replaced); a user's record without a device (offline, or a hop to another
+/// node) becomes the first device that gets the message after it. In the
+/// order the records began, as the embedded store keeps them (the view then
+/// merges what is left of a user's records without a device into its first
+/// device's).
+fn fold_recipients(events: Vec<StoredEvent>) -> Vec<RecipientState> {
+    let mut by_user: HashMap<String, Vec<StoredEvent>> = HashMap::new();
+    for e in events {
+        by_user.entry(e.user_id.clone()).or_default().push(e);
+    }
+    let mut out = Vec::new();
+    for (_, mut evs) in by_user {
+        evs.sort_by_key(|e| (e.at_ms, e.state.rank()));
+        let mut records: Vec<RecipientState> = Vec::new();
+        for e in evs {
+            let i = records
+                .iter()
+                .position(|r| r.device_id == e.device_id)
+                .or_else(|| {
+                    // The placeholder becomes the device that got it.
+                    (!e.device_id.is_empty())
+                        .then(|| records.iter().position(|r| r.device_id.is_empty()))
+                        .flatten()
+                });
+            match i {
+                Some(i) => {
+                    let r = &mut records[i];
+                    if r.device_id.is_empty() {
+                        r.device_id = e.device_id;
+                        r.client_type = e.client_type;
                     }
-                    None => RecipientState {
-                        user_id: e.user_id.to_string(),
-                        device_id: e.device_id.to_string(),
-                        client_type: e.client_type,
-                        state: e.state,
-                        detail: None,
-                        updated_at_ms: e.at_ms,
-                        history: Vec::new(),
-                    },
-                },
-            };
-            if r.device_id.is_empty() {
-                r.device_id = e.device_id.to_string();
-                r.client_type = e.client_type;
+                    if r.history.len() >= MAX_HISTORY {
+                        r.history.remove(MAX_HISTORY / 2);
+                    }
+                    r.history.push((e.state, e.at_ms, e.detail.clone()));
+                    if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
+                        r.state = e.state;
+                        r.detail = e.detail;
+                        r.updated_at_ms = e.at_ms;
+                    }
+                }
+                None => records.push(RecipientState {
+                    user_id: e.user_id,
+                    device_id: e.device_id,
+                    client_type: e.client_type,
+                    state: e.state,
+                    detail: e.detail.clone(),
+                    updated_at_ms: e.at_ms,
+                    history: vec![(e.state, e.at_ms, e.detail)],
+                }),
             }
-            let detail = e.detail.as_deref().map(str::to_owned);
-            if r.history.len() >= 16 {
-                r.history.remove(8);
-            }
-            r.history.push((e.state, e.at_ms, detail.clone()));
-            if e.state.rank() >= r.state.rank()
-                || r.state == TraceState::Offline
-                || r.history.len() == 1
-            {
-                r.state = e.state;
-                r.detail = detail;
-                r.updated_at_ms = e.at_ms;
-            }
-            current.insert(field.clone(), r);
-            changed.insert(field);
+        }
+        out.extend(records.into_iter().map(|r| {
+            let began = r.history.first().map_or(r.updated_at_ms, |h| h.1);
+            (began, r)
+        }));
+    }
+    // Stable: a user's records stay in the order they began.
+    out.sort_by_key(|(began, _)| *began);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+impl RedisTraces {
+    /// One trace's events as one write, whatever their number, and no read.
+    fn record_pipe(&self, trace_id: &str, events: &[&TraceEvent]) -> redis::Pipeline {
+        let key = format!("mp:trace:{trace_id}");
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key);
+        for e in events {
+            let (f, v) = event_entry(e);
+            hset.arg(f).arg(v);
         }
         let mut p = redis::pipe();
-        for f in &deleted {
-            p.hdel(&key, f).ignore();
-        }
-        for f in &changed {
-            if let Some(r) = current.get(f) {
-                p.hset(&key, f, recipient_json(r).to_string()).ignore();
-            }
-        }
-        // Should the key have expired since the read, the write recreates it:
-        // EXPIRE NX gives it a TTL then and leaves a live one alone (Redis 7).
+        p.add_command(hset).ignore();
+        // An event for a trace that has expired recreates the key (without
+        // `_meta`, so it reads as no trace): EXPIRE NX gives it a TTL then,
+        // and leaves a live one alone (Redis 7).
         p.cmd("EXPIRE")
             .arg(&key)
             .arg(self.ttl_secs)
             .arg("NX")
             .ignore();
-        check("traces", "trace record", p.query_async::<()>(&mut c).await)
+        p
     }
 }
 
@@ -328,17 +417,24 @@ impl TraceStore for RedisTraces {
     }
 
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
-        // Grouped by trace, in order: each trace costs one read and one write
-        // per batch (one slot each on a Redis Cluster), several at a time.
-        let mut by_trace: Vec<(Arc<str>, Vec<TraceEvent>)> = Vec::new();
+        // Grouped by trace: each trace costs one write per batch (one slot
+        // each on a Redis Cluster), several at a time.
+        let mut by_trace: Vec<(Arc<str>, Vec<&TraceEvent>)> = Vec::new();
         for e in events {
             match by_trace.iter_mut().find(|(t, _)| *t == e.trace_id) {
-                Some((_, v)) => v.push(e.clone()),
-                None => by_trace.push((e.trace_id.clone(), vec![e.clone()])),
+                Some((_, v)) => v.push(e),
+                None => by_trace.push((e.trace_id.clone(), vec![e])),
             }
         }
-        let results: Vec<Result<(), StoreError>> = futures_util::stream::iter(by_trace)
-            .map(|(t, evs)| async move { self.record_one(t, evs).await })
+        let pipes: Vec<redis::Pipeline> = by_trace
+            .iter()
+            .map(|(t, evs)| self.record_pipe(t, evs))
+            .collect();
+        let results: Vec<Result<(), StoreError>> = futures_util::stream::iter(pipes)
+            .map(|p| async move {
+                let mut c = self.redis.conn();
+                check("traces", "trace record", p.query_async::<()>(&mut c).await)
+            })
             .buffer_unordered(16)
             .collect()
             .await;
@@ -411,7 +507,7 @@ impl TraceStore for RedisTraces {
         };
         let mut nodes: std::collections::BTreeMap<String, StateCounts> = Default::default();
         let mut failures = Vec::new();
-        let mut recipients = Vec::new();
+        let mut events = Vec::new();
         let mut handed = std::collections::BTreeMap::new();
         // A cluster broadcast without the count of nodes it reached (not
         // written yet, or Redis refused it) is not known to be finished.
@@ -441,11 +537,18 @@ impl TraceStore for RedisTraces {
                 if let Ok(f) = serde_json::from_str::<Failure>(v) {
                     failures.push(f);
                 }
-            } else if let Ok(v) = serde_json::from_str::<Value>(v) {
-                recipients.push(recipient_from_json(&v));
+            } else if k.starts_with("e:")
+                && let Some(e) = parse_event(v)
+            {
+                events.push(e);
+            } else if v.starts_with('{')
+                && let Ok(v) = serde_json::from_str::<Value>(v)
+            {
+                events.extend(legacy_events(recipient_from_json(&v)));
             }
         }
-        recipients.sort_by(|a, b| (&a.user_id, &a.device_id).cmp(&(&b.user_id, &b.device_id)));
+        // In (user, device) order.
+        let recipients = fold_recipients(events);
         failures.sort_by(|a, b| (&a.user_id, &a.device_id).cmp(&(&b.user_id, &b.device_id)));
         Ok(Some(super::memory::view(
             trace_id,
@@ -457,14 +560,6 @@ impl TraceStore for RedisTraces {
             failures,
         )))
     }
-}
-
-fn recipient_json(r: &RecipientState) -> Value {
-    json!({
-        "userId": r.user_id, "deviceId": r.device_id, "clientType": r.client_type,
-        "state": state_name(r.state), "detail": r.detail, "updatedAtMs": r.updated_at_ms,
-        "history": r.history.iter().map(|(s, t, d)| json!([state_name(*s), t, d])).collect::<Vec<_>>(),
-    })
 }
 
 /// A stored client type (mpush's integer); `None` when absent or unknown.

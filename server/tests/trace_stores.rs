@@ -1,0 +1,227 @@
+//! The two trace stores say the same thing. The embedded store applies each
+//! event to its record; the Redis store writes each event as a field without
+//! reading (one `HSET` per trace and batch) and folds the records when the
+//! trace is read. A property test feeds both the same random events (users,
+//! devices and details with `|` in them, a user's records without a device,
+//! every state, history past its cap, random batch splits) and compares the
+//! traces they give back, on a real redis-server.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use mpush_protocol::session::ClientType;
+use mpush_server::redis_conn::RedisHandle;
+use mpush_server::store::redis::RedisTraces;
+use mpush_server::store::{MemoryTraces, RecipientState, TraceEvent, TraceState, TraceStore};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+const USERS: [&str; 3] = ["u1", "u|2", "用户"];
+const DEVICES: [&str; 3] = ["", "d1", "d|2"];
+const DETAILS: [Option<&str>; 5] = [
+    None,
+    Some(""),
+    Some("b|c"),
+    Some("forwarded from node A to node B"),
+    Some("resent (retry 1)"),
+];
+
+#[derive(Debug, Clone)]
+struct Ev {
+    user: usize,
+    device: usize,
+    state: usize,
+    detail: usize,
+    client_type: i32,
+}
+
+fn event(trace: &Arc<str>, e: &Ev, at_ms: i64) -> TraceEvent {
+    TraceEvent {
+        trace_id: trace.clone(),
+        user_id: USERS[e.user].into(),
+        device_id: DEVICES[e.device].into(),
+        client_type: ClientType::from_code(e.client_type).unwrap_or_default(),
+        state: TraceState::ALL[e.state],
+        detail: DETAILS[e.detail].map(|d| d.to_owned().into()),
+        at_ms,
+    }
+}
+
+fn events() -> impl Strategy<Value = (Vec<Ev>, Vec<usize>)> {
+    let ev = (
+        0..USERS.len(),
+        0..DEVICES.len(),
+        0..7usize,
+        0..DETAILS.len(),
+        1..4i32,
+    )
+        .prop_map(|(user, device, state, detail, client_type)| Ev {
+            user,
+            device,
+            state,
+            detail,
+            client_type,
+        });
+    (
+        proptest::collection::vec(ev, 1..60),
+        proptest::collection::vec(1..20usize, 1..8),
+    )
+}
+
+async fn stores(redis: &Redis) -> (MemoryTraces, RedisTraces) {
+    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
+        .await
+        .expect("redis");
+    (
+        MemoryTraces::new(600, 10_000, 64 << 20),
+        RedisTraces {
+            redis: handle,
+            ttl_secs: 600,
+        },
+    )
+}
+
+#[test]
+fn the_redis_trace_store_folds_what_the_embedded_store_applies() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = rt.block_on(Redis::start(free_port()));
+    let (memory, on_redis) = rt.block_on(stores(&redis));
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let n = std::sync::atomic::AtomicU32::new(0);
+    runner
+        .run(&events(), |(evs, splits)| {
+            let k = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let trace: Arc<str> = format!("prop-{k}").into();
+            let now = mpush_server::clock::unix_ms();
+            // The same event twice is one field on Redis (its latest time):
+            // the sequences keep each (user, device, state, detail) once.
+            let mut seen = std::collections::HashSet::new();
+            let evs: Vec<TraceEvent> = evs
+                .iter()
+                .filter(|e| seen.insert((e.user, e.device, e.state, e.detail)))
+                .enumerate()
+                .map(|(i, e)| event(&trace, e, now + 7 * i as i64))
+                .collect();
+            rt.block_on(async {
+                for s in [&memory as &dyn TraceStore, &on_redis] {
+                    s.create(&trace, now).await.expect("create");
+                    let mut rest = &evs[..];
+                    for k in splits.iter().cycle() {
+                        if rest.is_empty() {
+                            break;
+                        }
+                        let (batch, tail) = rest.split_at((*k).min(rest.len()));
+                        s.record(batch).await.expect("record");
+                        rest = tail;
+                    }
+                }
+                let a = memory.get(&trace).await.expect("get").expect("trace");
+                let b = on_redis.get(&trace).await.expect("get").expect("trace");
+                let sorted = |mut r: Vec<RecipientState>| {
+                    r.sort_by(|x, y| (&x.user_id, &x.device_id).cmp(&(&y.user_id, &y.device_id)));
+                    r
+                };
+                prop_assert_eq!(
+                    sorted(a.recipients.clone()),
+                    sorted(b.recipients.clone()),
+                    "events: {:?}",
+                    evs
+                );
+                prop_assert_eq!(a.state, b.state);
+                Ok::<(), TestCaseError>(())
+            })
+        })
+        .expect("the stores agree");
+}
+
+#[tokio::test]
+async fn recording_on_redis_never_reads_and_a_repeated_event_is_one_field() {
+    let redis = Redis::start(free_port()).await;
+    let (_, store) = stores(&redis).await;
+    let trace: Arc<str> = "t-repeat".into();
+    store.create(&trace, 1).await.expect("create");
+    redis.query(&["CONFIG", "RESETSTAT"]).await;
+    let ev = |state, at_ms, detail: &'static str| TraceEvent {
+        trace_id: trace.clone(),
+        user_id: "u".into(),
+        device_id: "d".into(),
+        client_type: ClientType::from_code(1).unwrap_or_default(),
+        state,
+        detail: Some(detail.into()),
+        at_ms,
+    };
+    // A device that reconnects over and over is sent the same kept message
+    // each time: the same events, again and again.
+    for k in 0..200 {
+        store
+            .record(&[
+                ev(TraceState::Dispatched, 10 + 3 * k, "from the inbox"),
+                ev(TraceState::Delivered, 11 + 3 * k, "written"),
+            ])
+            .await
+            .expect("record");
+    }
+    let stats = format!("{:?}", redis.query(&["INFO", "commandstats"]).await);
+    assert!(!stats.contains("cmdstat_hmget"), "{stats}");
+    assert!(!stats.contains("cmdstat_hget:"), "{stats}");
+    assert!(!stats.contains("cmdstat_hgetall"), "{stats}");
+    let fields = redis.query(&["HLEN", "mp:trace:t-repeat"]).await;
+    assert_eq!(
+        fields,
+        redis::Value::Int(3),
+        "_meta and one field per event"
+    );
+    let view = store.get(&trace).await.expect("get").expect("trace");
+    let r = &view.recipients[0];
+    assert_eq!(
+        (r.state, r.updated_at_ms),
+        (TraceState::Delivered, 11 + 3 * 199)
+    );
+    assert_eq!(r.history.len(), 2, "{:?}", r.history);
+}
+
+#[tokio::test]
+async fn traces_written_before_0_9_still_read() {
+    let redis = Redis::start(free_port()).await;
+    let (_, store) = stores(&redis).await;
+    // The layout before 0.9: a JSON record per `user|device`, written by a
+    // node of the old version during a rolling upgrade.
+    let old = r#"{"userId":"u","deviceId":"d","clientType":1,"state":"DELIVERED","detail":null,"updatedAtMs":20,"history":[["DISPATCHED",10,"forwarded from node A to node B"],["DELIVERED",20,null]]}"#;
+    redis
+        .query(&["HSET", "mp:trace:t-old", "_meta", "5", "u|d", old])
+        .await;
+    store
+        .record(&[TraceEvent {
+            trace_id: "t-old".into(),
+            user_id: "u".into(),
+            device_id: "d".into(),
+            client_type: ClientType::from_code(1).unwrap_or_default(),
+            state: TraceState::Ack,
+            detail: None,
+            at_ms: 30,
+        }])
+        .await
+        .expect("record");
+    let view = store.get("t-old").await.expect("get").expect("trace");
+    assert_eq!(view.recipients.len(), 1, "{view:?}");
+    let r = &view.recipients[0];
+    assert_eq!((r.state, r.updated_at_ms), (TraceState::Ack, 30));
+    assert_eq!(
+        r.history.iter().map(|h| h.0).collect::<Vec<_>>(),
+        [
+            TraceState::Dispatched,
+            TraceState::Delivered,
+            TraceState::Ack
+        ]
+    );
+    assert_eq!(
+        r.history[0].2.as_deref(),
+        Some("forwarded from node A to node B")
+    );
+}
