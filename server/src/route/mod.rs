@@ -193,7 +193,8 @@ pub trait RouteStore: Send + Sync + 'static {
     /// connection `conn_id` (a newer bind may have replaced it).
     async fn unbind(&self, user: &str, client_type: ClientType, node: &str, conn_id: u64);
     async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError>;
-    /// Many users at once: one round trip per batch, not one per user.
+    /// Many users at once, for delivery: one round trip per batch, not one
+    /// per user; the routes may leave out the device's details (`device`).
     async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError>;
     /// Keeps this node's routes alive (their TTL).
     async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize;

@@ -49,6 +49,37 @@ fn parse_all(all: HashMap<String, String>) -> Vec<Route> {
     out
 }
 
+/// What delivery needs of a route: where it is. The device's details the
+/// row also carries (for the user view) are skipped, not built.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Hop {
+    node: String,
+    #[serde(with = "crate::json_u64")]
+    conn_id: u64,
+    #[serde(default)]
+    device_id: String,
+}
+
+fn parse_hops(all: HashMap<String, String>) -> Vec<Route> {
+    let mut out: Vec<Route> = all
+        .iter()
+        .filter_map(|(ct, v)| {
+            let client_type = ClientType::from_code(ct.parse().ok()?)?;
+            let h: Hop = serde_json::from_str(v).ok()?;
+            Some(Route {
+                client_type,
+                node: h.node,
+                conn_id: h.conn_id,
+                device_id: h.device_id,
+                device: None,
+            })
+        })
+        .collect();
+    out.sort_by_key(|r| r.client_type);
+    out
+}
+
 fn down(e: redis::RedisError) -> RouteError {
     metrics::counter!("mpush_redis_errors_total", "store" => "routes").increment(1);
     RouteError(e.to_string())
@@ -111,7 +142,15 @@ impl RouteStore for RedisRoutes {
             // per user, many in flight.
             let owned: Vec<Arc<str>> = users.to_vec();
             let all: Vec<Result<Vec<Route>, RouteError>> = futures_util::stream::iter(owned)
-                .map(|u| async move { self.lookup(&u).await })
+                .map(|u| async move {
+                    let mut c = self.redis.conn();
+                    let all: HashMap<String, String> = redis::cmd("HGETALL")
+                        .arg(key(&u))
+                        .query_async(&mut c)
+                        .await
+                        .map_err(down)?;
+                    Ok(parse_hops(all))
+                })
                 .buffered(64)
                 .collect()
                 .await;
@@ -123,7 +162,7 @@ impl RouteStore for RedisRoutes {
         }
         let mut c = self.redis.conn();
         let all: Vec<HashMap<String, String>> = p.query_async(&mut c).await.map_err(down)?;
-        Ok(all.into_iter().map(parse_all).collect())
+        Ok(all.into_iter().map(parse_hops).collect())
     }
 
     async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
