@@ -114,6 +114,17 @@ fn strip_error(mut body: Value) -> Value {
     body
 }
 
+/// A batch's answer, serialized as it is (a 1,000-user answer is not built
+/// as a `Value` tree first).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchBody<'a> {
+    trace_id: &'a str,
+    dispatched: usize,
+    failed: usize,
+    results: &'a [UserOutcome],
+}
+
 /// `POST /api/v1/push/batch`: per user.
 pub fn batch(a: SendAnswer) -> Response {
     let SendAnswer {
@@ -123,23 +134,22 @@ pub fn batch(a: SendAnswer) -> Response {
     let Sent::Users { trace_id, results } = sent else {
         return ApiError::unavailable("an answer of another kind").into_response();
     };
-    let dispatched: usize = results.iter().map(|r| r.dispatched).sum();
     let failed = results
         .iter()
         .filter(|r| r.status != UserStatus::Sent)
         .count();
     let down = results.iter().any(|r| r.status == UserStatus::Unavailable);
-    let body = json!({
-        "traceId": trace_id,
-        "dispatched": dispatched,
-        "failed": failed,
-        "results": results,
-    });
+    let body = BatchBody {
+        trace_id: &trace_id,
+        dispatched: results.iter().map(|r| r.dispatched).sum(),
+        failed,
+        results: &results,
+    };
     let r = if failed == 0 {
         (StatusCode::OK, Json(body)).into_response()
     } else if failed == results.len() && down {
         ApiError::unavailable("no user's push happened: a store or node it needed is down")
-            .with(body)
+            .with(serde_json::to_value(&body).unwrap_or_default())
             .into_response()
     } else {
         (StatusCode::MULTI_STATUS, Json(body)).into_response()
