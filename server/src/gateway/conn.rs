@@ -64,14 +64,18 @@ struct Driver<T: Transport, L: Logic> {
 /// Serves one accepted connection (counted by `Logic::opened`) until it closes.
 /// `secure`: it arrived over TLS (our listener, or a trusted proxy that says
 /// so), so the transport-secured profile is allowed on it (ADR 0005).
-pub async fn serve<T: Transport, L: Logic>(
+///
+/// Not an `async fn`: the driver is built here and the task's future owns it
+/// (an `async fn` keeps its arguments beside what they were moved into for
+/// the task's whole life, about 180 bytes per connection).
+pub fn serve<T: Transport, L: Logic>(
     transport: T,
     gw: Arc<Gateway<L>>,
     conn_id: u64,
     peer: SocketAddr,
     slot: IpSlot,
     secure: bool,
-) {
+) -> impl Future<Output = ()> + Send + 'static {
     let now = Instant::now();
     let mut machine = Box::new(ServerConnection::new(
         gw.settings.proto.clone(),
@@ -108,15 +112,25 @@ pub async fn serve<T: Transport, L: Logic>(
         device = tracing::field::Empty,
         user = tracing::field::Empty
     );
-    tracing::Instrument::instrument(d.run(), span).await;
+    // An `async` block, not an `async fn` taking the driver: the block
+    // keeps the driver once, where an `async fn` keeps its argument and the
+    // local it is moved into.
+    let run = async move { d.run().await };
+    if span.is_disabled() {
+        futures_util::future::Either::Left(run)
+    } else {
+        // Boxed: only with debug logs on does a connection's task carry a span.
+        futures_util::future::Either::Right(Box::pin(tracing::Instrument::instrument(run, span)))
+    }
 }
 
 impl<T: Transport, L: Logic> Driver<T, L> {
     async fn run(&mut self) {
         let mut first_frame = true;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let mut shutdown = self.gw.logic.shutdown_signal();
-        if *shutdown.borrow() {
+        // The drain comes through the queue (`ConnCommand::Drain`): an idle
+        // connection holds no future for it.
+        if self.gw.conns.register(self.conn_id, &self.tx) {
             self.drain();
         }
         loop {
@@ -129,7 +143,6 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 (a, b) => a.or(b),
             };
             tokio::select! {
-                _ = shutdown.changed(), if !self.draining => self.drain(),
                 c = self.tx.recv() => self.command(c),
                 r = proxied(&mut self.proxied), if self.proxy_in_flight > 0 => {
                     self.proxy_in_flight -= 1;
@@ -181,11 +194,17 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         }
         // Whatever the machine did not report, the socket is gone now.
         self.machine.close();
-        while let Some(e) = self.machine.poll_event() {
+        // `let ... else`, not `while let`: a `while let` keeps its scrutinee
+        // (a whole `Option<ServerEvent>`) in the task's state across the await.
+        loop {
+            let Some(e) = self.machine.poll_event() else {
+                break;
+            };
             Box::pin(self.event(e)).await;
         }
         self.transport.shutdown().await;
         Box::pin(self.finish()).await;
+        self.gw.conns.remove(self.conn_id);
     }
 
     fn drain(&mut self) {
@@ -204,6 +223,11 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                     self.gw.logic.lifecycle(Lifecycle::Kicked, user, info, None);
                 }
                 self.machine.kick(&k.device_id, &k.user_id);
+            }
+            ConnCommand::Drain => {
+                if !self.draining {
+                    self.drain();
+                }
             }
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
@@ -249,15 +273,27 @@ impl<T: Transport, L: Logic> Driver<T, L> {
     async fn pump(&mut self) -> std::io::Result<()> {
         loop {
             let mut busy = false;
-            while let Some(e) = self.machine.poll_event() {
+            // `let ... else`, not `while let`: a `while let` keeps its
+            // scrutinee (a whole `Option<ServerEvent>`, about 170 bytes) in
+            // the task's state across the await, for the task's whole life.
+            loop {
+                let Some(e) = self.machine.poll_event() else {
+                    break;
+                };
                 busy = true;
                 // Boxed: an idle connection's task does not carry the state
                 // of the rarest, largest step (an event's round trip).
                 Box::pin(self.event(e)).await;
             }
-            while let Some(t) = self.machine.poll_transmit() {
+            loop {
+                let Some(t) = self.machine.poll_transmit() else {
+                    break;
+                };
                 busy = true;
-                self.write(t).await?;
+                // Most writes go at once; the rest wait, boxed (see `wait_write`).
+                if let Some(t) = self.try_write(t)? {
+                    self.wait_write(t).await?;
+                }
             }
             if !self.unwritten.is_empty() {
                 let written = std::mem::take(&mut self.unwritten);
@@ -280,23 +316,40 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         }
     }
 
-    async fn write(&mut self, t: Transmit) -> std::io::Result<()> {
+    /// Writes `t` if the socket takes all of it now (no future, no timer);
+    /// what is left to write otherwise.
+    fn try_write(&mut self, mut t: Transmit) -> std::io::Result<Option<Transmit>> {
+        if let Transmit::Bytes(b) = &mut t
+            && self.transport.try_send(b)?
+        {
+            return Ok(None);
+        }
+        Ok(Some(t))
+    }
+
+    /// A write that waits (a full socket, or a transport that always waits),
+    /// within the write timeout. Boxed, and made by a plain function: the
+    /// idle task does not carry a wait's state (its timer alone is 112 bytes).
+    fn wait_write(
+        &mut self,
+        t: Transmit,
+    ) -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send + '_>> {
         let limit = self.gw.settings.write_timeout;
-        let r = match t {
-            Transmit::Bytes(b) => tokio::time::timeout(limit, self.transport.send(b)).await,
-            Transmit::Text(s) => tokio::time::timeout(limit, self.transport.send_text(s)).await,
-            Transmit::Ping => tokio::time::timeout(limit, self.transport.ping()).await,
-        };
-        match r {
-            Ok(r) => r,
-            Err(_) => {
+        let transport = &mut self.transport;
+        Box::pin(async move {
+            let r = match t {
+                Transmit::Bytes(b) => tokio::time::timeout(limit, transport.send(b)).await,
+                Transmit::Text(s) => tokio::time::timeout(limit, transport.send_text(s)).await,
+                Transmit::Ping => tokio::time::timeout(limit, transport.ping()).await,
+            };
+            r.unwrap_or_else(|_| {
                 metrics::counter!("mpush_slow_consumer_closed_total").increment(1);
                 Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "slow consumer: write timed out",
                 ))
-            }
-        }
+            })
+        })
     }
 
     async fn event(&mut self, e: ServerEvent) {

@@ -22,6 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
 use crate::config::{TrustedProxies, Validated};
+use crate::route::ConnQueue;
 use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
 use mpush_protocol::server::ServerConfig;
 pub use seam::Logic;
@@ -81,6 +82,69 @@ pub struct Gateway<L> {
     rsa: RsaPool,
     /// New connections per second per client address.
     rate: IpRateLimit,
+    /// Every open connection's queue, for the drain.
+    pub(crate) conns: ConnRegistry,
+}
+
+/// Every open connection's command queue, bound or not: the drain reaches
+/// each through it. One waiter (a task per gateway) watches the node's
+/// shutdown signal, instead of a watch future held by every idle connection.
+#[derive(Default)]
+pub(crate) struct ConnRegistry {
+    map: dashmap::DashMap<u64, Arc<ConnQueue>>,
+    draining: std::sync::atomic::AtomicBool,
+}
+
+impl ConnRegistry {
+    /// Registers a connection's queue; true when the node drains already
+    /// (the connection drains itself then).
+    pub(crate) fn register(&self, conn_id: u64, q: &Arc<ConnQueue>) -> bool {
+        self.map.insert(conn_id, q.clone());
+        // After the insert: a drain that started before it is seen here, one
+        // that starts after it finds the queue.
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn remove(&self, conn_id: u64) {
+        self.map.remove(&conn_id);
+    }
+
+    /// Tells every connection to drain (idempotent).
+    pub(crate) fn drain_all(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for e in self.map.iter() {
+            e.value().drain();
+        }
+    }
+
+    /// Open connections registered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// Drains every connection of `gw` when the node's shutdown signal flips.
+fn watch_shutdown<L: Logic>(gw: &Arc<Gateway<L>>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut signal = gw.logic.shutdown_signal();
+    let gw = Arc::downgrade(gw);
+    rt.spawn(async move {
+        loop {
+            if *signal.borrow_and_update() {
+                if let Some(gw) = gw.upgrade() {
+                    gw.conns.drain_all();
+                }
+                return;
+            }
+            if signal.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 impl<L: Logic> Gateway<L> {
@@ -95,13 +159,16 @@ impl<L: Logic> Gateway<L> {
             0 => 2 * std::thread::available_parallelism().map_or(2, usize::from),
             n => n,
         };
-        Arc::new(Self {
+        let gw = Arc::new(Self {
+            conns: ConnRegistry::default(),
             rate: IpRateLimit::new(l.handshakes_per_ip),
             per_ip: PerIp::new(l.max_connections_per_ip),
             rsa: RsaPool::new(cfg.private_key.clone(), workers, l.rsa_queue),
             settings: GatewaySettings::new(cfg, proto),
             logic,
-        })
+        });
+        watch_shutdown(&gw);
+        gw
     }
 }
 
@@ -226,7 +293,16 @@ async fn tls_then<L: Logic>(
     };
     match (kind, slot) {
         (Kind::Tcp, Some(slot)) => {
-            conn::serve(TlsTcp(Box::new(tls)), gw, conn_id, peer, slot, true).await;
+            // A task of its own: the idle connection does not carry this
+            // task's state (its arguments live as long as it does).
+            tokio::spawn(conn::serve(
+                TlsTcp(Box::new(tls)),
+                gw,
+                conn_id,
+                peer,
+                slot,
+                true,
+            ));
         }
         (Kind::Tcp, None) => gw.logic.closed(),
         (Kind::Ws, slot) => upgrade(tls, true, gw, conn_id, peer, slot).await,
@@ -246,9 +322,9 @@ fn tune(stream: &TcpStream, keepalive_secs: u64) {
     }
 }
 
-/// The WebSocket upgrade, then the connection. The upgrade's state (its
-/// buffers, the forwarding headers) lives in its own boxed future, freed
-/// before the connection is served: an idle connection does not carry it.
+/// The WebSocket upgrade, then the connection on a task of its own: an idle
+/// connection carries none of the upgrade's state (its buffers, the
+/// forwarding headers, this task's arguments).
 /// `tls`: the stream is our own TLS listener's (ADR 0005's secure transport).
 async fn upgrade<S, L: Logic>(
     stream: S,
@@ -263,7 +339,14 @@ async fn upgrade<S, L: Logic>(
     let upgraded = Box::pin(ws_handshake(stream, &gw, peer, slot)).await;
     match upgraded {
         Some((ws, peer, slot, forwarded_tls)) => {
-            conn::serve(Ws(ws), gw, conn_id, peer, slot, tls || forwarded_tls).await;
+            tokio::spawn(conn::serve(
+                Ws(ws),
+                gw,
+                conn_id,
+                peer,
+                slot,
+                tls || forwarded_tls,
+            ));
         }
         None => gw.logic.closed(),
     }

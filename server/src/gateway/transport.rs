@@ -26,6 +26,13 @@ pub trait Transport: Send + 'static {
     /// Cancel-safe: used in `select!`.
     fn recv(&mut self) -> impl Future<Output = io::Result<Incoming>> + Send;
     fn send(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    /// Writes what the socket takes now, without waiting: true when all of
+    /// `data` went (what did not stays in `data` for `send`). The common
+    /// path, with no future and no timer; the default takes nothing.
+    fn try_send(&mut self, data: &mut Bytes) -> io::Result<bool> {
+        let _ = data;
+        Ok(false)
+    }
     fn send_text(&mut self, text: String) -> impl Future<Output = io::Result<()>> + Send;
     /// A transport-level liveness probe (a WebSocket ping); TCP has none.
     fn ping(&mut self) -> impl Future<Output = io::Result<()>> + Send;
@@ -63,6 +70,19 @@ impl Transport for Tcp {
 
     async fn send(&mut self, data: Bytes) -> io::Result<()> {
         self.0.write_all(&data).await
+    }
+
+    fn try_send(&mut self, data: &mut Bytes) -> io::Result<bool> {
+        use bytes::Buf as _;
+        while !data.is_empty() {
+            match self.0.try_write(data) {
+                Ok(0) => return Ok(false),
+                Ok(n) => data.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
     }
 
     async fn send_text(&mut self, _text: String) -> io::Result<()> {

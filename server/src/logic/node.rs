@@ -139,7 +139,7 @@ impl Node {
     /// told.
     pub(super) fn signal_drain(&self, redirect: Option<NodeInfo>) {
         *self.redirect.write() = redirect;
-        let _ = self.shutdown.send(true);
+        self.shutdown.send_replace(true);
     }
 
     /// Readiness is asked of Redis afresh at the next probe.

@@ -37,6 +37,9 @@ pub enum ConnCommand {
     Kicked(Box<Kick>),
     /// The API kicked the user: send KICK and close.
     KickAndClose,
+    /// The node drains: redirect, wait for the ACKs in flight, close. Never
+    /// queued (a full queue cannot refuse it): `ConnQueue::drain` flags it.
+    Drain,
 }
 
 /// Who replaced a connection.

@@ -35,6 +35,8 @@ pub struct ConnQueue {
 struct State {
     items: VecDeque<ConnCommand>,
     closed: bool,
+    /// `Drain` is due (before anything queued).
+    drain: bool,
 }
 
 impl ConnQueue {
@@ -62,9 +64,24 @@ impl ConnQueue {
         Ok(())
     }
 
+    /// Tells the receiver to drain (once), however full the queue is.
+    pub fn drain(&self) {
+        {
+            let mut s = self.state.lock();
+            if s.closed {
+                return;
+            }
+            s.drain = true;
+        }
+        self.waker.wake();
+    }
+
     /// The next command, if one is queued.
     pub fn try_recv(&self) -> Option<ConnCommand> {
         let mut s = self.state.lock();
+        if std::mem::take(&mut s.drain) {
+            return Some(ConnCommand::Drain);
+        }
         let c = s.items.pop_front();
         if s.items.is_empty() && s.items.capacity() > 16 {
             // A burst's buffer is not kept by an idle connection.
@@ -127,6 +144,24 @@ mod tests {
             .expect("woken")
             .expect("task");
         assert!(matches!(got, ConnCommand::KickAndClose));
+        // A drain gets through a full queue, first and once.
+        assert!(q.try_send(ConnCommand::KickAndClose).is_ok());
+        assert!(q.try_send(ConnCommand::KickAndClose).is_ok());
+        q.drain();
+        assert!(matches!(q.try_recv(), Some(ConnCommand::Drain)));
+        assert!(matches!(q.try_recv(), Some(ConnCommand::KickAndClose)));
+        assert!(matches!(q.try_recv(), Some(ConnCommand::KickAndClose)));
+        assert!(q.try_recv().is_none());
+        // It wakes a waiting receiver.
+        let r = q.clone();
+        let waiter = tokio::spawn(async move { r.recv().await });
+        tokio::task::yield_now().await;
+        q.drain();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .expect("task");
+        assert!(matches!(got, ConnCommand::Drain));
         q.close();
         assert!(matches!(
             q.try_send(ConnCommand::KickAndClose),
