@@ -60,6 +60,18 @@ fn replayed(mut r: Response, replayed: bool) -> Response {
 }
 
 /// `POST /api/v1/push`: one user.
+/// A single-user push's answer, serialized as it is.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SingleBody<'a> {
+    trace_id: &'a str,
+    status: UserStatus,
+    dispatched: usize,
+    stored: bool,
+    missed: usize,
+    error: Option<&'a str>,
+}
+
 pub fn single(a: SendAnswer) -> Response {
     let SendAnswer {
         sent,
@@ -71,17 +83,19 @@ pub fn single(a: SendAnswer) -> Response {
     let Some(o) = results.into_iter().next() else {
         return ApiError::unavailable("no answer for the user").into_response();
     };
-    let body = json!({
-        "traceId": trace_id,
-        "status": o.status,
-        "dispatched": o.dispatched,
-        "stored": o.stored,
-        "missed": o.missed,
-        "error": o.error,
-    });
+    let body = SingleBody {
+        trace_id: &trace_id,
+        status: o.status,
+        dispatched: o.dispatched,
+        stored: o.stored,
+        missed: o.missed,
+        error: o.error.as_deref(),
+    };
     let r = match o.status {
         UserStatus::Sent => (StatusCode::OK, Json(body)).into_response(),
-        _ => user_error(&o).with(strip_error(body)).into_response(),
+        _ => user_error(&o)
+            .with(strip_error(serde_json::to_value(&body).unwrap_or_default()))
+            .into_response(),
     };
     replayed(r, again)
 }

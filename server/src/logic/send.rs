@@ -165,16 +165,24 @@ impl DeliveryService {
         if self.node.is_draining() {
             return Err(SendError::Draining);
         }
-        let fp = fingerprint(&req);
         // An explicit key names one request; a trace id names a retry only
         // of the same request (a caller may reuse one for several pushes).
-        let key = match (&req.idempotency_key, &req.trace_id) {
-            (Some(k), _) => Some(format!("k:{k}")),
-            (None, Some(t)) if !t.is_empty() => Some(format!("t:{t}:{fp}")),
-            _ => None,
+        // Neither: no fingerprint (a 1,000-user batch's is serialized and
+        // hashed whole) and no claim.
+        let (key, fp) = match (&req.idempotency_key, &req.trace_id) {
+            (Some(k), _) => (Some(format!("k:{k}")), fingerprint(&req)),
+            (None, Some(t)) if !t.is_empty() => {
+                let fp = fingerprint(&req);
+                (Some(format!("t:{t}:{fp}")), fp)
+            }
+            _ => (None, String::new()),
         };
         // This request's claim on the key: only it can free the claim.
-        let owner = crate::clock::random_hex(16);
+        let owner = if key.is_some() {
+            crate::clock::random_hex(16)
+        } else {
+            String::new()
+        };
         if let Some(key) = &key {
             match self.idempotency.claim(key, &fp, &owner).await {
                 Ok(Claim::New) => {}
