@@ -187,10 +187,10 @@ async fn recording_on_redis_never_reads_and_a_repeated_event_is_one_field() {
 }
 
 #[tokio::test]
-async fn traces_written_before_0_9_still_read() {
+async fn traces_in_the_earlier_layout_still_read() {
     let redis = Redis::start(free_port()).await;
     let (_, store) = stores(&redis).await;
-    // The layout before 0.9: a JSON record per `user|device`, written by a
+    // The earlier layout: a JSON record per `user|device`, written by a
     // node of the old version during a rolling upgrade.
     let old = r#"{"userId":"u","deviceId":"d","clientType":1,"state":"DELIVERED","detail":null,"updatedAtMs":20,"history":[["DISPATCHED",10,"forwarded from node A to node B"],["DELIVERED",20,null]]}"#;
     redis

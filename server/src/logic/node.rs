@@ -1,7 +1,7 @@
 //! The node's own state: its connection count, the drain, where drained
-//! clients go, the shutdown signal every connection watches, Redis health
-//! for readiness. It
-//! knows the cluster (to ask Redis and to leave) but no delivery.
+//! clients go, the shutdown signal (the gateway watches it and tells each
+//! connection through its queue), Redis health for readiness. It knows the
+//! cluster (to ask Redis and to leave) but no delivery.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,7 +69,8 @@ pub struct Node {
     /// Every open connection, bound or not.
     connections: AtomicUsize,
     draining: AtomicBool,
-    /// Flips to true when the node drains; every connection watches it.
+    /// Flips to true when the node drains; each gateway watches it and tells
+    /// its connections.
     shutdown: watch::Sender<bool>,
     /// Where clients are sent when this node drains (another node), chosen
     /// when the drain starts.

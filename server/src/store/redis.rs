@@ -191,7 +191,7 @@ fn parse_session(
 /// retry's detail names its attempt). A broadcast's counts are
 /// `n:<node>:<STATE>` counters and its failures `f:<user>|<device>`; all
 /// expire with the trace TTL. Fields `<user>|<device>` holding a JSON state
-/// are the layout before 0.9 (read, never written).
+/// are the earlier layout (read, never written).
 pub struct RedisTraces {
     pub redis: RedisHandle,
     pub ttl_secs: u64,
@@ -295,7 +295,7 @@ fn parse_event(v: &str) -> Option<StoredEvent> {
     })
 }
 
-/// The events of a record in the layout before 0.9.
+/// The events of a record in the earlier layout (a JSON record per recipient).
 fn legacy_events(r: RecipientState) -> Vec<StoredEvent> {
     let ev = |(state, at_ms, detail)| StoredEvent {
         user_id: r.user_id.clone(),
