@@ -40,10 +40,14 @@ fn parse(client_type: ClientType, v: &str) -> Option<Route> {
     Some(r)
 }
 
-fn parse_all(all: HashMap<String, String>) -> Vec<Route> {
+/// A route row read by `parse_row`, by client type.
+fn parse_rows(
+    all: HashMap<String, String>,
+    parse_row: fn(ClientType, &str) -> Option<Route>,
+) -> Vec<Route> {
     let mut out: Vec<Route> = all
         .iter()
-        .filter_map(|(ct, v)| parse(ClientType::from_code(ct.parse().ok()?)?, v))
+        .filter_map(|(ct, v)| parse_row(ClientType::from_code(ct.parse().ok()?)?, v))
         .collect();
     out.sort_by_key(|r| r.client_type);
     out
@@ -61,23 +65,15 @@ struct Hop {
     device_id: String,
 }
 
-fn parse_hops(all: HashMap<String, String>) -> Vec<Route> {
-    let mut out: Vec<Route> = all
-        .iter()
-        .filter_map(|(ct, v)| {
-            let client_type = ClientType::from_code(ct.parse().ok()?)?;
-            let h: Hop = serde_json::from_str(v).ok()?;
-            Some(Route {
-                client_type,
-                node: h.node,
-                conn_id: h.conn_id,
-                device_id: h.device_id,
-                device: None,
-            })
-        })
-        .collect();
-    out.sort_by_key(|r| r.client_type);
-    out
+fn parse_hop(client_type: ClientType, v: &str) -> Option<Route> {
+    let h: Hop = serde_json::from_str(v).ok()?;
+    Some(Route {
+        client_type,
+        node: h.node,
+        conn_id: h.conn_id,
+        device_id: h.device_id,
+        device: None,
+    })
 }
 
 fn down(e: redis::RedisError) -> RouteError {
@@ -88,6 +84,16 @@ fn down(e: redis::RedisError) -> RouteError {
 impl RedisRoutes {
     pub fn new(redis: RedisHandle, ttl_secs: u64) -> Self {
         Self { redis, ttl_secs }
+    }
+
+    /// One user's route rows.
+    async fn rows(&self, user: &str) -> Result<HashMap<String, String>, RouteError> {
+        let mut c = self.redis.conn();
+        redis::cmd("HGETALL")
+            .arg(key(user))
+            .query_async(&mut c)
+            .await
+            .map_err(down)
     }
 }
 
@@ -124,13 +130,7 @@ impl RouteStore for RedisRoutes {
     }
 
     async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError> {
-        let mut c = self.redis.conn();
-        let all: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(key(user))
-            .query_async(&mut c)
-            .await
-            .map_err(down)?;
-        Ok(parse_all(all))
+        Ok(parse_rows(self.rows(user).await?, parse))
     }
 
     async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError> {
@@ -142,15 +142,7 @@ impl RouteStore for RedisRoutes {
             // per user, many in flight.
             let owned: Vec<Arc<str>> = users.to_vec();
             let all: Vec<Result<Vec<Route>, RouteError>> = futures_util::stream::iter(owned)
-                .map(|u| async move {
-                    let mut c = self.redis.conn();
-                    let all: HashMap<String, String> = redis::cmd("HGETALL")
-                        .arg(key(&u))
-                        .query_async(&mut c)
-                        .await
-                        .map_err(down)?;
-                    Ok(parse_hops(all))
-                })
+                .map(|u| async move { Ok(parse_rows(self.rows(&u).await?, parse_hop)) })
                 .buffered(64)
                 .collect()
                 .await;
@@ -162,7 +154,10 @@ impl RouteStore for RedisRoutes {
         }
         let mut c = self.redis.conn();
         let all: Vec<HashMap<String, String>> = p.query_async(&mut c).await.map_err(down)?;
-        Ok(all.into_iter().map(parse_hops).collect())
+        Ok(all
+            .into_iter()
+            .map(|rows| parse_rows(rows, parse_hop))
+            .collect())
     }
 
     async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
