@@ -77,7 +77,7 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_handshakes_refused_total",
         Counter,
         Unit::Count,
-        "Handshakes refused (RSA queue full, bad parameters)",
+        "Handshakes refused (RSA queue full: busy; deadline passed while queued: expired)",
     ),
     (
         "mpush_handshake_duration_seconds",
@@ -443,7 +443,11 @@ pub const LABELS: &[(&str, &str, &[&str])] = &[
     ),
     ("mpush_handshakes_total", "kind", &["full", "fast"]),
     ("mpush_tls_handshakes_total", "kind", &["full", "resumed"]),
-    ("mpush_handshakes_refused_total", "reason", &["busy"]),
+    (
+        "mpush_handshakes_refused_total",
+        "reason",
+        &["busy", "expired"],
+    ),
     (
         "mpush_handshake_duration_seconds",
         "kind",

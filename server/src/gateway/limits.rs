@@ -115,7 +115,15 @@ impl RsaPool {
                         let Ok((ciphertext, reply)) = rx.lock().recv() else {
                             return;
                         };
-                        // The caller may have given up (deadline); nothing to do then.
+                        // A handshake whose deadline passed while it waited
+                        // here is not decrypted: under a storm the queue
+                        // would otherwise be worked off for clients that
+                        // have left, and every later one would time out too.
+                        if reply.is_closed() {
+                            metrics::counter!("mpush_handshakes_refused_total", "reason" => "expired")
+                                .increment(1);
+                            continue;
+                        }
                         let _ = reply.send(key.decrypt(&mut rng, &ciphertext));
                     }
                 });
@@ -137,5 +145,54 @@ impl RsaPool {
             return Err(RsaBusy);
         }
         rx.await.map_err(|_| RsaBusy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpush_protocol::crypto::RsaPublic;
+    use std::time::Duration;
+
+    fn expired(text: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("mpush_handshakes_refused_total{reason=\"expired\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A handshake given up while it waited for the RSA worker (its
+    /// deadline passed) costs no RSA work: the worker skips it and counts it.
+    #[tokio::test]
+    async fn a_handshake_whose_caller_left_is_not_decrypted() {
+        let metrics = crate::metrics_handle();
+        let before = expired(&metrics.render());
+        let pool = Arc::new(RsaPool::new(Arc::new(RsaPrivate::mpush_default()), 1, 8));
+        let mut rng = crate::clock::rng();
+        let block = RsaPublic::mpush_default()
+            .encrypt(&mut rng, b"a handshake's body")
+            .expect("encrypt");
+        // One job of 64 blocks keeps the only worker busy for tens of ms.
+        let long = Bytes::from(block.repeat(64));
+        let busy = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.decrypt(long).await }
+        });
+        // This test's runtime has one thread: the spawned task queues its
+        // job when this one yields, before the next job below.
+        tokio::task::yield_now().await;
+        // Queued behind it, then given up: polled once (queued), dropped.
+        let gave_up =
+            tokio::time::timeout(Duration::ZERO, pool.decrypt(Bytes::from(block.clone())));
+        assert!(gave_up.await.is_err(), "the queued job cannot be done yet");
+        // The worker takes jobs in order: once the next one is answered, the
+        // abandoned one has been passed over.
+        let plain = pool.decrypt(Bytes::from(block)).await.expect("queued");
+        assert_eq!(plain.expect("decrypted"), b"a handshake's body");
+        assert!(busy.await.expect("task").expect("queued").is_ok());
+        assert!(
+            expired(&metrics.render()) > before,
+            "the abandoned handshake was skipped"
+        );
     }
 }
