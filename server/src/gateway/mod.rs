@@ -427,16 +427,22 @@ where
 mod listener_options {
     use super::*;
 
+    /// A socket accepted (on loopback) from a listener [`tune_listener`]
+    /// set up with `keepalive_secs`, and the client's end to keep it open.
+    async fn accepted_from_tuned_listener(keepalive_secs: u64) -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        assert!(tune_listener(&listener, keepalive_secs));
+        let addr = listener.local_addr().expect("addr");
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (accepted.expect("accept").0, client.expect("connect"))
+    }
+
     /// What [`tune_listener`] relies on: a socket accepted from a tuned
     /// listener (real sockets, on loopback) has the listener's TCP_NODELAY,
     /// SO_KEEPALIVE and keepalive times without being tuned itself.
     #[tokio::test]
     async fn accepted_sockets_inherit_the_listener_s_options() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        assert!(tune_listener(&listener, 90));
-        let addr = listener.local_addr().expect("addr");
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let (_client, (stream, _)) = (client.expect("connect"), accepted.expect("accept"));
+        let (stream, _client) = accepted_from_tuned_listener(90).await;
         let s = socket2::SockRef::from(&stream);
         assert!(s.tcp_nodelay().expect("TCP_NODELAY"));
         assert!(s.keepalive().expect("SO_KEEPALIVE"));
@@ -450,11 +456,7 @@ mod listener_options {
         );
 
         // Without keepalive configured: no Nagle delay still, no keepalive.
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        assert!(tune_listener(&listener, 0));
-        let addr = listener.local_addr().expect("addr");
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let (_client, (stream, _)) = (client.expect("connect"), accepted.expect("accept"));
+        let (stream, _client) = accepted_from_tuned_listener(0).await;
         let s = socket2::SockRef::from(&stream);
         assert!(s.tcp_nodelay().expect("TCP_NODELAY"));
         assert!(!s.keepalive().expect("SO_KEEPALIVE"));
