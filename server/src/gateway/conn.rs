@@ -27,17 +27,22 @@ use crate::logic::{Lifecycle, Outcome, UpPushStrikes};
 use crate::proxy::Caller;
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
 
-type Proxied = (
-    tokio::sync::mpsc::UnboundedSender<(i32, HttpResponse)>,
-    tokio::sync::mpsc::UnboundedReceiver<(i32, HttpResponse)>,
-);
+/// HTTP_PROXY requests under way on tasks of their own, and where their
+/// responses come back. Boxed, made at the first request: most connections
+/// never use the proxy, and their task does not carry it.
+struct Proxied {
+    tx: tokio::sync::mpsc::UnboundedSender<(i32, HttpResponse)>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<(i32, HttpResponse)>,
+    in_flight: usize,
+}
 
 struct Driver<T: Transport, L: Logic> {
     gw: Arc<Gateway<L>>,
     transport: T,
     machine: Box<dyn ServerMachine>,
     conn_id: u64,
-    peer: SocketAddr,
+    /// The peer's port; its address is the IP slot's (`peer()`).
+    port: u16,
     info: Option<Arc<ConnInfo>>,
     user: Option<Arc<str>>,
     tx: Arc<ConnQueue>,
@@ -49,14 +54,12 @@ struct Driver<T: Transport, L: Logic> {
     /// until it is written (a TTL push without an ACK mode).
     unwritten: Vec<(Arc<str>, Option<Instant>, Option<u64>)>,
     draining: bool,
+    /// The drain's deadline, in the gateway timers' ticks (`u64::MAX`: none).
+    drain_at: u64,
     /// Up-pushes refused for this connection's or user's rate in a row.
     strikes: UpPushStrikes,
     accepted: Instant,
-    /// HTTP_PROXY requests under way on tasks of their own, and where their
-    /// responses come back (made at the first request: most connections
-    /// never use the proxy).
-    proxied: Option<Proxied>,
-    proxy_in_flight: usize,
+    proxied: Option<Box<Proxied>>,
     /// This connection's place in its address's count; freed with the driver.
     _slot: IpSlot,
 }
@@ -84,22 +87,23 @@ pub fn serve<T: Transport, L: Logic>(
         unix_ms(),
     ));
     machine.set_transport_secured(secure);
+    debug_assert_eq!(slot.ip(), peer.ip(), "the slot counts the peer's address");
     let tx = Arc::new(ConnQueue::new(gw.settings.outbound_queue));
     let mut d = Driver {
         gw,
         transport,
         machine,
         conn_id,
-        peer,
+        port: peer.port(),
         info: None,
         user: None,
         tx,
         unwritten: Vec::new(),
         draining: false,
+        drain_at: u64::MAX,
         strikes: UpPushStrikes::default(),
         accepted: now,
         proxied: None,
-        proxy_in_flight: 0,
         _slot: slot,
     };
     // A span per connection (DEBUG: an idle connection costs nothing for it
@@ -127,25 +131,17 @@ pub fn serve<T: Transport, L: Logic>(
 impl<T: Transport, L: Logic> Driver<T, L> {
     async fn run(&mut self) {
         let mut first_frame = true;
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
-        // The drain comes through the queue (`ConnCommand::Drain`): an idle
-        // connection holds no future for it.
+        // The drain and the deadlines come through the queue
+        // (`ConnCommand::Drain`, `ConnCommand::Tick`): an idle connection
+        // holds no future and no timer for them.
         if self.gw.conns.register(self.conn_id, &self.tx) {
             self.drain();
         }
         loop {
-            let deadline = self
-                .machine
-                .poll_timeout()
-                .map(tokio::time::Instant::from_std);
-            let sleep_until = match (deadline, drain_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            self.arm();
             tokio::select! {
                 c = self.tx.recv() => self.command(c),
-                r = proxied(&mut self.proxied), if self.proxy_in_flight > 0 => {
-                    self.proxy_in_flight -= 1;
+                r = proxied(&mut self.proxied), if self.proxied.as_ref().is_some_and(|p| p.in_flight > 0) => {
                     let (request, response) = r;
                     self.machine.handle_answer(Answer::Http { request, response }, Instant::now());
                 }
@@ -168,12 +164,6 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                     Ok(Incoming::Activity) => self.machine.handle_input(Input::Activity, Instant::now()),
                     Ok(Incoming::Eof) | Err(_) => break,
                 },
-                _ = sleep_opt(sleep_until) => {
-                    self.machine.handle_timeout(Instant::now());
-                    if drain_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                        self.machine.close();
-                    }
-                }
             }
             while let Some(c) = self.tx.try_recv() {
                 self.command(c);
@@ -181,8 +171,9 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             if self.pump().await.is_err() {
                 break;
             }
-            if self.draining && drain_deadline.is_none() {
-                drain_deadline = Some(tokio::time::Instant::now() + self.gw.settings.drain_timeout);
+            if self.draining && self.drain_at == u64::MAX {
+                let at = tokio::time::Instant::now() + self.gw.settings.drain_timeout;
+                self.drain_at = self.gw.conns.timers.tick_of(at);
             }
             if self.draining && self.machine.inflight() == 0 {
                 self.machine.close();
@@ -207,6 +198,38 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         self.gw.conns.remove(self.conn_id);
     }
 
+    /// Arms the connection's timer for its next deadline (the machine's or
+    /// the drain's) in the gateway's timers, if it is earlier than the one
+    /// armed (see `gateway::timers`).
+    fn arm(&self) {
+        let timers = &self.gw.conns.timers;
+        let machine = self
+            .machine
+            .poll_timeout()
+            .map(|d| timers.tick_of(tokio::time::Instant::from_std(d)));
+        let at = machine.map_or(self.drain_at, |m| m.min(self.drain_at));
+        if at != u64::MAX && self.tx.arm(at) {
+            super::start_timers(&self.gw);
+            timers.add(at, self.conn_id);
+        }
+    }
+
+    /// A deadline came: the machine's (if it has not moved on since) and
+    /// the drain's.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        if self.machine.poll_timeout().is_some_and(|d| d <= now) {
+            self.machine.handle_timeout(now);
+        }
+        if self.drain_at <= self.gw.conns.timers.now() {
+            self.machine.close();
+        }
+    }
+
+    fn peer(&self) -> SocketAddr {
+        SocketAddr::new(self._slot.ip(), self.port)
+    }
+
     fn drain(&mut self) {
         self.draining = true;
         let redirect = self.gw.logic.redirect_for(T::KIND);
@@ -229,6 +252,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                     self.drain();
                 }
             }
+            ConnCommand::Tick => self.tick(),
             ConnCommand::KickAndClose => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user) {
                     self.gw.logic.lifecycle(
@@ -382,11 +406,11 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                         .machine
                         .handle_answer(Answer::Decrypted(plain), Instant::now()),
                     Ok(Err(refused)) => {
-                        debug!(peer = %self.peer, %refused, "handshake refused");
+                        debug!(peer = %self.peer(), %refused, "handshake refused");
                         self.machine.close();
                     }
                     Err(_) => {
-                        debug!(peer = %self.peer, "handshake deadline passed waiting for RSA");
+                        debug!(peer = %self.peer(), "handshake deadline passed waiting for RSA");
                         self.machine.close();
                     }
                 }
@@ -461,7 +485,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 self.machine
                     .handle_answer(Answer::UpPush { reply, result }, Instant::now());
                 if outcome.close {
-                    info!(conn = self.conn_id, peer = %self.peer, "closed: up-pushes over the rate limit");
+                    info!(conn = self.conn_id, peer = %self.peer(), "closed: up-pushes over the rate limit");
                     self.machine.close();
                 }
             }
@@ -484,7 +508,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 self.settle(Outcome::TimedOut(&push)).await;
             }
             ServerEvent::Closed { reason, unacked } => {
-                debug!(conn = self.conn_id, peer = %self.peer, ?reason, unacked = unacked.len(), "connection closed");
+                debug!(conn = self.conn_id, peer = %self.peer(), ?reason, unacked = unacked.len(), "connection closed");
                 if matches!(
                     reason,
                     CloseReason::Protocol(_) | CloseReason::UnsupportedCommand(_)
@@ -513,7 +537,8 @@ impl<T: Transport, L: Logic> Driver<T, L> {
     /// connection's in-flight limit the client gets 429 at once.
     fn http_proxy(&mut self, request: i32, http: HttpRequest) {
         let logic = &self.gw.logic;
-        if self.proxy_in_flight >= logic.http_proxy_per_conn() {
+        let in_flight = self.proxied.as_ref().map_or(0, |p| p.in_flight);
+        if in_flight >= logic.http_proxy_per_conn() {
             metrics::counter!("mpush_http_proxy_requests_total", "outcome" => "conn_limit")
                 .increment(1);
             let response = crate::proxy::refusal(
@@ -525,17 +550,21 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             return;
         }
         let caller = Caller {
-            peer: self.peer,
+            peer: self.peer(),
             user: self.user.clone(),
             device: self.info.as_ref().map(|i| i.device_id.clone()),
         };
         let work = logic.http_proxy(caller, http);
-        let tx = self
-            .proxied
-            .get_or_insert_with(tokio::sync::mpsc::unbounded_channel)
-            .0
-            .clone();
-        self.proxy_in_flight += 1;
+        let proxied = self.proxied.get_or_insert_with(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            Box::new(Proxied {
+                tx,
+                rx,
+                in_flight: 0,
+            })
+        });
+        proxied.in_flight += 1;
+        let tx = proxied.tx.clone();
         tokio::spawn(async move {
             // A connection that closed meanwhile stops its requests.
             tokio::select! {
@@ -584,7 +613,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         let user = match result {
             Ok(u) => u,
             Err(reason) => {
-                debug!(conn = self.conn_id, peer = %self.peer, %reason, "bind refused");
+                debug!(conn = self.conn_id, peer = %self.peer(), %reason, "bind refused");
                 let answer = Answer::Bind {
                     request,
                     user_id,
@@ -643,24 +672,19 @@ fn close_reason(r: &CloseReason) -> String {
     }
 }
 
-/// The next proxied response (pending while none can come).
-/// The next answer of an HTTP proxy request; polled, so the idle task holds
-/// no receive future for it.
-async fn proxied(p: &mut Option<Proxied>) -> (i32, HttpResponse) {
+/// The next answer of an HTTP proxy request (pending while none can come);
+/// polled, so the idle task holds no receive future for it.
+async fn proxied(p: &mut Option<Box<Proxied>>) -> (i32, HttpResponse) {
     std::future::poll_fn(|cx| match p {
         // The driver holds a sender: the channel never ends.
-        Some((_, rx)) => match rx.poll_recv(cx) {
-            std::task::Poll::Ready(Some(r)) => std::task::Poll::Ready(r),
+        Some(p) => match p.rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some(r)) => {
+                p.in_flight -= 1;
+                std::task::Poll::Ready(r)
+            }
             _ => std::task::Poll::Pending,
         },
         None => std::task::Poll::Pending,
     })
     .await
-}
-
-async fn sleep_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
 }

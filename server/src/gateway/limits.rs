@@ -73,6 +73,13 @@ impl PerIp {
     }
 }
 
+impl IpSlot {
+    /// The address this slot counts.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
 impl Drop for IpSlot {
     fn drop(&mut self) {
         let mut open = self.owner.open.lock();

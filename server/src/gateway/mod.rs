@@ -8,6 +8,7 @@ pub mod limits;
 pub mod seam;
 #[cfg(test)]
 mod tests;
+mod timers;
 pub mod transport;
 
 use std::net::SocketAddr;
@@ -86,13 +87,15 @@ pub struct Gateway<L> {
     pub(crate) conns: ConnRegistry,
 }
 
-/// Every open connection's command queue, bound or not: the drain reaches
-/// each through it. One waiter (a task per gateway) watches the node's
-/// shutdown signal, instead of a watch future held by every idle connection.
+/// Every open connection's command queue, bound or not: the drain and the
+/// timers reach each through it. One waiter (a task per gateway) watches the
+/// node's shutdown signal, instead of a watch future held by every idle
+/// connection; one task keeps the connections' deadlines (`timers`).
 #[derive(Default)]
 pub(crate) struct ConnRegistry {
     map: dashmap::DashMap<u64, Arc<ConnQueue>>,
     draining: std::sync::atomic::AtomicBool,
+    pub(crate) timers: timers::Timers,
 }
 
 impl ConnRegistry {
@@ -123,6 +126,62 @@ impl ConnRegistry {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+
+    /// Wakes every connection whose deadline came by now; the next
+    /// deadline's instant. `due` is the caller's scratch space.
+    fn fire_due(&self, due: &mut Vec<(u64, u64)>) -> Option<Instant> {
+        let next = self.timers.take_due(self.timers.now(), due);
+        for (at, conn) in due.drain(..) {
+            if let Some(q) = self.map.get(&conn) {
+                q.fire(at);
+            }
+        }
+        // Stale entries (connections gone, or armed earlier since) are
+        // dropped once they outnumber the open connections: at most about
+        // two entries per connection, and the walk amortised over as many
+        // entries as it drops.
+        if self.timers.len() > 2 * self.map.len() + 1024 {
+            self.timers
+                .compact(|at, conn| self.map.get(&conn).is_some_and(|q| q.armed_for(at)));
+        }
+        next
+    }
+}
+
+/// Starts `gw`'s timer task (once; called by the first connection that arms
+/// a deadline, so it runs on the connections' runtime).
+fn start_timers<L: Logic>(gw: &Arc<Gateway<L>>) {
+    if !gw.conns.timers.start() {
+        return;
+    }
+    let notify = gw.conns.timers.notify();
+    let gw = Arc::downgrade(gw);
+    tokio::spawn(async move {
+        let mut due = Vec::new();
+        loop {
+            // The gateway is held only while firing: a dropped gateway ends
+            // the task (its timers notify on drop).
+            let Some(g) = gw.upgrade() else {
+                return;
+            };
+            let next = g.conns.fire_due(&mut due);
+            drop(g);
+            if next.is_some_and(|at| at <= Instant::now()) {
+                // A full batch: the rest after the worker's other tasks.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = notify.notified() => {}
+                    }
+                }
+                None => notify.notified().await,
+            }
+        }
+    });
 }
 
 /// Drains every connection of `gw` when the node's shutdown signal flips.

@@ -40,6 +40,9 @@ pub enum ConnCommand {
     /// The node drains: redirect, wait for the ACKs in flight, close. Never
     /// queued (a full queue cannot refuse it): `ConnQueue::drain` flags it.
     Drain,
+    /// The connection's timer came (its protocol machine's deadline or the
+    /// drain's). Never queued: `ConnQueue::fire` flags it.
+    Tick,
 }
 
 /// Who replaced a connection.

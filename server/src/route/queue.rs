@@ -28,23 +28,35 @@ pub struct ConnQueue {
     /// idle connection's task holds no waiter node (tokio's `Notified` is
     /// 64 bytes) for it.
     waker: AtomicWaker,
-    cap: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     items: VecDeque<ConnCommand>,
+    /// The gateway timers' tick this connection is armed for (`u64::MAX`:
+    /// none). An entry of the timers for another tick is stale.
+    armed: u64,
+    /// The bound (here, not beside the lock: it fits in the state's padding).
+    cap: u32,
     closed: bool,
     /// `Drain` is due (before anything queued).
     drain: bool,
+    /// `Tick` is due: the armed tick came.
+    tick: bool,
 }
 
 impl ConnQueue {
     pub fn new(cap: usize) -> Self {
         Self {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                armed: u64::MAX,
+                cap: u32::try_from(cap).unwrap_or(u32::MAX).max(1),
+                closed: false,
+                drain: false,
+                tick: false,
+            }),
             waker: AtomicWaker::new(),
-            cap: cap.max(1),
         }
     }
 
@@ -54,7 +66,7 @@ impl ConnQueue {
             if s.closed {
                 return Err(SendError::Closed(c));
             }
-            if s.items.len() >= self.cap {
+            if s.items.len() >= s.cap as usize {
                 return Err(SendError::Full(c));
             }
             s.items.push_back(c);
@@ -76,11 +88,50 @@ impl ConnQueue {
         self.waker.wake();
     }
 
+    /// Arms the connection's timer for tick `at` of its gateway's timers,
+    /// unless it is armed for that tick or an earlier one (the earlier one
+    /// comes first, and the connection arms again then). True when `at` is
+    /// newly armed: the caller enters it in the timers.
+    pub fn arm(&self, at: u64) -> bool {
+        let mut s = self.state.lock();
+        if s.closed || at >= s.armed {
+            return false;
+        }
+        s.armed = at;
+        true
+    }
+
+    /// The gateway's timers reached tick `at`: wakes the receiver with
+    /// `Tick` if the connection is still armed for it (true then). An entry
+    /// the connection has since armed earlier than is stale and wakes nobody.
+    pub fn fire(&self, at: u64) -> bool {
+        {
+            let mut s = self.state.lock();
+            if s.closed || s.armed != at {
+                return false;
+            }
+            s.armed = u64::MAX;
+            s.tick = true;
+        }
+        self.waker.wake();
+        true
+    }
+
+    /// Whether an entry of the timers for tick `at` is this connection's
+    /// live one (the timers drop the others when they compact).
+    pub fn armed_for(&self, at: u64) -> bool {
+        let s = self.state.lock();
+        !s.closed && s.armed == at
+    }
+
     /// The next command, if one is queued.
     pub fn try_recv(&self) -> Option<ConnCommand> {
         let mut s = self.state.lock();
         if std::mem::take(&mut s.drain) {
             return Some(ConnCommand::Drain);
+        }
+        if std::mem::take(&mut s.tick) {
+            return Some(ConnCommand::Tick);
         }
         let c = s.items.pop_front();
         if s.items.is_empty() && s.items.capacity() > 16 {
@@ -113,6 +164,7 @@ impl ConnQueue {
     pub fn close(&self) {
         let mut s = self.state.lock();
         s.closed = true;
+        s.armed = u64::MAX;
         s.items = VecDeque::new();
     }
 }
@@ -167,5 +219,32 @@ mod tests {
             q.try_send(ConnCommand::KickAndClose),
             Err(SendError::Closed(_))
         ));
+    }
+    /// The timer's contract with the gateway's timers: a deadline is entered
+    /// only when it is earlier than the one armed; only the armed entry
+    /// wakes the receiver (with `Tick`, once); a closed queue arms nothing.
+    #[test]
+    fn a_timer_is_armed_earlier_only_and_fired_by_its_own_entry() {
+        let q = ConnQueue::new(4);
+        assert!(q.arm(100), "the first deadline is entered");
+        assert!(!q.arm(100), "the same one is not entered twice");
+        assert!(!q.arm(200), "a later one waits for the armed one");
+        assert!(q.arm(50), "an earlier one is entered");
+        assert!(!q.armed_for(100), "the entry for 100 is stale now");
+        assert!(q.armed_for(50));
+        assert!(!q.fire(100), "a stale entry wakes nobody");
+        assert!(q.try_recv().is_none());
+        assert!(q.fire(50));
+        assert!(matches!(q.try_recv(), Some(ConnCommand::Tick)));
+        assert!(q.try_recv().is_none(), "one tick per firing");
+        assert!(!q.fire(50), "fired once");
+        assert!(
+            q.arm(200),
+            "disarmed after firing: the next deadline is entered"
+        );
+        q.close();
+        assert!(!q.armed_for(200));
+        assert!(!q.fire(200));
+        assert!(!q.arm(10), "a closed queue arms nothing");
     }
 }

@@ -1,0 +1,201 @@
+//! The connections' timers: one deadline heap per gateway and one task that
+//! wakes each connection whose deadline came (its protocol machine's:
+//! handshake, heartbeat, ACK retry; or its drain's), in the manner of the
+//! hashed wheel timer Java mpush keeps for its heartbeats.
+//!
+//! A connection's task holds no timer of its own. A tokio `Sleep` is
+//! 112 bytes of every idle connection's task, and the task made and dropped
+//! one at each wake (two locked operations on tokio's timer wheel per push
+//! delivered). Here a connection enters a deadline only when it is earlier
+//! than the one it is armed for ([`ConnQueue::arm`]): a later deadline
+//! (a heartbeat moved on) is armed when the earlier one comes. An entry a
+//! connection has since armed earlier than is stale: it wakes nobody
+//! ([`ConnQueue::fire`]), and the heap is compacted once stale entries
+//! outnumber the open connections, so it holds at most about two entries
+//! per connection.
+//!
+//! Ticks are milliseconds since the timers were made; a deadline rounds up
+//! to its tick, so no connection is woken before its deadline.
+//!
+//! [`ConnQueue::arm`]: crate::route::ConnQueue::arm
+//! [`ConnQueue::fire`]: crate::route::ConnQueue::fire
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Entries are (tick, connection id), the earliest first.
+type Heap = BinaryHeap<Reverse<(u64, u64)>>;
+
+/// Connections woken per turn of the task: a deadline shared by many
+/// connections (a storm's handshakes) is fired in turns that let the
+/// worker's other tasks run between them.
+pub(crate) const FIRE_BATCH: usize = 1024;
+
+pub(crate) struct Timers {
+    base: Instant,
+    heap: Mutex<Heap>,
+    /// Wakes the task when an entry comes before the one it sleeps for
+    /// (and when the timers are dropped, to end it).
+    notify: Arc<Notify>,
+    started: AtomicBool,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            heap: Mutex::new(BinaryHeap::new()),
+            notify: Arc::new(Notify::new()),
+            started: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for Timers {
+    fn drop(&mut self) {
+        // The task holds the gateway weakly: it wakes, finds it gone, ends.
+        self.notify.notify_one();
+    }
+}
+
+impl Timers {
+    /// The tick of `t`, rounded up (a deadline is never early).
+    pub(crate) fn tick_of(&self, t: Instant) -> u64 {
+        let d = t.saturating_duration_since(self.base);
+        let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+        u64::try_from(ms).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The tick that has passed now (rounded down).
+    pub(crate) fn now(&self) -> u64 {
+        let ms = Instant::now()
+            .saturating_duration_since(self.base)
+            .as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX - 1)
+    }
+
+    fn instant_of(&self, tick: u64) -> Instant {
+        self.base + Duration::from_millis(tick)
+    }
+
+    /// Enters connection `conn`'s deadline `at` (armed in its queue first).
+    pub(crate) fn add(&self, at: u64, conn: u64) {
+        let first = {
+            let mut heap = self.heap.lock();
+            let first = heap.peek().is_none_or(|Reverse((next, _))| at < *next);
+            heap.push(Reverse((at, conn)));
+            first
+        };
+        if first {
+            // A permit is kept if the task is not waiting yet: nothing lost.
+            self.notify.notify_one();
+        }
+    }
+
+    /// True once: the caller starts the task.
+    pub(crate) fn start(&self) -> bool {
+        !self.started.load(Ordering::Relaxed) && !self.started.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn notify(&self) -> Arc<Notify> {
+        self.notify.clone()
+    }
+
+    /// Moves the entries due by tick `now` into `due`, at most
+    /// [`FIRE_BATCH`]; the next entry's instant, if any (one that is due
+    /// already when the batch is full).
+    pub(crate) fn take_due(&self, now: u64, due: &mut Vec<(u64, u64)>) -> Option<Instant> {
+        let mut heap = self.heap.lock();
+        while let Some(Reverse((at, conn))) = heap.peek().copied() {
+            if at > now || due.len() >= FIRE_BATCH {
+                return Some(self.instant_of(at));
+            }
+            heap.pop();
+            due.push((at, conn));
+        }
+        None
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.heap.lock().len()
+    }
+
+    /// Drops every entry `live` refuses. The heap is taken out meanwhile
+    /// (connections enter theirs in a new one), so no connection waits on
+    /// the lock for the walk.
+    pub(crate) fn compact(&self, live: impl Fn(u64, u64) -> bool) {
+        let old = std::mem::take(&mut *self.heap.lock());
+        let kept: Vec<_> = old
+            .into_vec()
+            .into_iter()
+            .filter(|Reverse((at, conn))| live(*at, *conn))
+            .collect();
+        let mut heap = self.heap.lock();
+        let added = std::mem::take(&mut *heap);
+        let mut merged = Heap::from(kept);
+        merged.extend(added.into_vec());
+        *heap = merged;
+        drop(heap);
+        // The earliest entry may be another one now.
+        self.notify.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn deadlines_round_up_and_come_out_in_order() {
+        let t = Timers::default();
+        let base = t.base;
+        assert_eq!(t.tick_of(base), 0);
+        assert_eq!(t.tick_of(base + Duration::from_micros(1)), 1);
+        assert_eq!(t.tick_of(base + Duration::from_millis(7)), 7);
+        assert_eq!(t.tick_of(base - Duration::from_millis(1)), 0);
+        t.add(30, 3);
+        t.add(10, 1);
+        t.add(20, 2);
+        let mut due = Vec::new();
+        let next = t.take_due(20, &mut due);
+        assert_eq!(due, vec![(10, 1), (20, 2)]);
+        assert_eq!(next, Some(base + Duration::from_millis(30)));
+        due.clear();
+        assert_eq!(t.take_due(40, &mut due), None);
+        assert_eq!(due, vec![(30, 3)]);
+        // Many due at once come out in batches.
+        for conn in 0..(FIRE_BATCH as u64 + 5) {
+            t.add(50, conn);
+        }
+        due.clear();
+        assert_eq!(
+            t.take_due(60, &mut due),
+            Some(base + Duration::from_millis(50))
+        );
+        assert_eq!(due.len(), FIRE_BATCH);
+        due.clear();
+        assert_eq!(t.take_due(60, &mut due), None);
+        assert_eq!(due.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn compaction_keeps_only_live_entries_and_those_added_meanwhile() {
+        let t = Timers::default();
+        for conn in 0..100 {
+            t.add(1_000 + conn, conn);
+        }
+        t.compact(|_, conn| conn % 10 == 0);
+        assert_eq!(t.len(), 10);
+        let mut due = Vec::new();
+        t.take_due(u64::MAX - 1, &mut due);
+        assert_eq!(due.len(), 10);
+        assert!(due.windows(2).all(|w| w[0] < w[1]), "in order: {due:?}");
+    }
+}
