@@ -77,7 +77,7 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_handshakes_refused_total",
         Counter,
         Unit::Count,
-        "Handshakes refused (RSA queue full: busy; deadline passed while queued: expired)",
+        "Handshakes refused (RSA queue full: busy; given up while queued, by its deadline or its client: expired)",
     ),
     (
         "mpush_handshake_duration_seconds",

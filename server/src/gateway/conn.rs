@@ -401,18 +401,52 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 // Boxed: the connection task's future stays as small as an idle
                 // connection needs; this state exists only during a handshake.
                 let job = self.gw.rsa.decrypt(ciphertext);
-                match Box::pin(tokio::time::timeout_at(deadline, job)).await {
-                    Ok(Ok(plain)) => self
+                let mut job = Box::pin(tokio::time::timeout_at(deadline, job));
+                // The socket is watched meanwhile: a client that leaves while
+                // its handshake waits for a worker (a storm's client that
+                // gave up and reconnects) drops its job, which the worker
+                // then skips, instead of holding it to the deadline. What
+                // it sends meanwhile (one frame; the next waits in the
+                // socket) is handled after the answer.
+                let mut early = None;
+                let decrypted = loop {
+                    tokio::select! {
+                        r = &mut job => break Some(r),
+                        inc = self.transport.recv(), if early.is_none() => match inc {
+                            Ok(Incoming::Eof) | Err(_) => break None,
+                            Ok(frame) => early = Some(frame),
+                        },
+                    }
+                };
+                match decrypted {
+                    Some(Ok(Ok(plain))) => self
                         .machine
                         .handle_answer(Answer::Decrypted(plain), Instant::now()),
-                    Ok(Err(refused)) => {
+                    Some(Ok(Err(refused))) => {
                         debug!(peer = %self.peer(), %refused, "handshake refused");
                         self.machine.close();
                     }
-                    Err(_) => {
+                    Some(Err(_)) => {
                         debug!(peer = %self.peer(), "handshake deadline passed waiting for RSA");
                         self.machine.close();
                     }
+                    None => {
+                        // The worker counts the skipped job (`expired`).
+                        debug!(peer = %self.peer(), "client left while its handshake waited for RSA");
+                        self.machine.close();
+                    }
+                }
+                match early {
+                    Some(Incoming::Data(b)) => {
+                        self.machine.handle_input(Input::Bytes(&b), Instant::now())
+                    }
+                    Some(Incoming::Text(t)) => {
+                        self.machine.handle_input(Input::Text(&t), Instant::now())
+                    }
+                    Some(Incoming::Activity) => {
+                        self.machine.handle_input(Input::Activity, Instant::now())
+                    }
+                    Some(Incoming::Eof) | None => {}
                 }
             }
             ServerEvent::ResumeRequested { session_id, .. } => {

@@ -345,6 +345,8 @@ fn connect_gw_with(
     let cfg = s.validate().expect("valid settings");
     let mut proto = mpush_protocol::server::ServerConfig::new(cfg.private_key.clone());
     proto.http_proxy = true;
+    // As the server runs it: the RSA work on the gateway's pool.
+    proto.offload_rsa = true;
     let proto = Arc::new(proto);
     let gw = Gateway::new(logic.clone(), proto, &cfg);
     let (to_server, rx) = mpsc::unbounded_channel();
@@ -620,6 +622,50 @@ async fn the_timers_drop_what_no_open_connection_is_armed_for() {
     reg.fire_due(&mut due);
     assert_eq!(reg.timers.len(), 1, "only the armed entry is left");
     assert!(q.armed_for(1_000_000));
+}
+
+/// A client that closes its connection while its handshake waits for the
+/// RSA worker gives its place up at once: its task ends and the worker
+/// skips the job, instead of both lasting until the handshake's deadline
+/// (a storm's clients that gave up would otherwise be decrypted anyway).
+#[tokio::test]
+async fn a_client_that_leaves_while_its_handshake_waits_for_rsa_costs_no_rsa_work() {
+    let logic = Fake::new();
+    let (mut client, task, gw) = connect_gw_with(&logic, |s| s.limits.rsa_workers = 1);
+    // The only worker is busy: one job of 256 blocks (well over a second
+    // in a debug build).
+    let mut rng = crate::clock::rng();
+    let block = mpush_protocol::crypto::RsaPublic::mpush_default()
+        .encrypt(&mut rng, b"a handshake's body")
+        .expect("encrypt");
+    let long = Bytes::from(block.repeat(256));
+    let busy = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.rsa.decrypt(long).await }
+    });
+    tokio::task::yield_now().await;
+    // The client's handshake goes out, then the client leaves.
+    client.flush();
+    client.to_server = None;
+    ended(task).await;
+    assert!(
+        !busy.is_finished(),
+        "the connection ended while the worker was still busy"
+    );
+    let decrypted = tokio::time::timeout(Duration::from_secs(60), busy)
+        .await
+        .expect("the long job ends")
+        .expect("no panic");
+    assert!(decrypted.is_ok());
+    // The worker has passed over the abandoned job: the next one is
+    // answered, and two operations were done in all (the long job and it).
+    let next = gw.rsa.decrypt(Bytes::from(block)).await.expect("queued");
+    assert_eq!(next.expect("decrypted"), b"a handshake's body");
+    assert_eq!(
+        gw.rsa.done(),
+        2,
+        "the abandoned handshake was not decrypted"
+    );
 }
 
 /// A connection that opens while the node drains (its accept raced the
