@@ -146,23 +146,22 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                     self.machine.handle_answer(Answer::Http { request, response }, Instant::now());
                 }
                 inc = self.transport.recv() => match inc {
-                    Ok(Incoming::Data(b)) => {
-                        first_frame = false;
-                        self.machine.handle_input(Input::Bytes(&b), Instant::now());
-                    }
-                    Ok(Incoming::Text(t)) => {
-                        if std::mem::take(&mut first_frame) {
-                            // mpush's JavaScript client speaks JSON text frames
-                            // from its first frame on.
-                            self.machine = Box::new(JsonServerConnection::new(
-                                self.gw.settings.proto.clone(),
-                                self.accepted,
-                            ));
-                        }
-                        self.machine.handle_input(Input::Text(&t), Instant::now());
-                    }
-                    Ok(Incoming::Activity) => self.machine.handle_input(Input::Activity, Instant::now()),
                     Ok(Incoming::Eof) | Err(_) => break,
+                    Ok(inc) => {
+                        match &inc {
+                            Incoming::Text(_) if std::mem::take(&mut first_frame) => {
+                                // mpush's JavaScript client speaks JSON text
+                                // frames from its first frame on.
+                                self.machine = Box::new(JsonServerConnection::new(
+                                    self.gw.settings.proto.clone(),
+                                    self.accepted,
+                                ));
+                            }
+                            Incoming::Data(_) => first_frame = false,
+                            _ => {}
+                        }
+                        self.input(&inc);
+                    }
                 },
             }
             while let Some(c) = self.tx.try_recv() {
@@ -196,6 +195,17 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         self.transport.shutdown().await;
         Box::pin(self.finish()).await;
         self.gw.conns.remove(self.conn_id);
+    }
+
+    /// Hands one frame from the socket to the machine.
+    fn input(&mut self, frame: &Incoming) {
+        let now = Instant::now();
+        match frame {
+            Incoming::Data(b) => self.machine.handle_input(Input::Bytes(b), now),
+            Incoming::Text(t) => self.machine.handle_input(Input::Text(t), now),
+            Incoming::Activity => self.machine.handle_input(Input::Activity, now),
+            Incoming::Eof => {}
+        }
     }
 
     /// Arms the connection's timer for its next deadline (the machine's or
@@ -418,6 +428,9 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                         },
                     }
                 };
+                // Dropped before the answer is handled: if the client left,
+                // the worker finds the job abandoned and skips it.
+                drop(job);
                 match decrypted {
                     Some(Ok(Ok(plain))) => self
                         .machine
@@ -436,17 +449,8 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                         self.machine.close();
                     }
                 }
-                match early {
-                    Some(Incoming::Data(b)) => {
-                        self.machine.handle_input(Input::Bytes(&b), Instant::now())
-                    }
-                    Some(Incoming::Text(t)) => {
-                        self.machine.handle_input(Input::Text(&t), Instant::now())
-                    }
-                    Some(Incoming::Activity) => {
-                        self.machine.handle_input(Input::Activity, Instant::now())
-                    }
-                    Some(Incoming::Eof) | None => {}
+                if let Some(frame) = early {
+                    self.input(&frame);
                 }
             }
             ServerEvent::ResumeRequested { session_id, .. } => {

@@ -220,6 +220,7 @@ mod tests {
             Err(SendError::Closed(_))
         ));
     }
+
     /// The timer's contract with the gateway's timers: a deadline is entered
     /// only when it is earlier than the one armed; only the armed entry
     /// wakes the receiver (with `Tick`, once); a closed queue arms nothing.
