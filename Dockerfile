@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # mpush-server: built with the pinned Rust and the locked dependencies, run as
-# a non-root user on a small image (distroless: glibc, CA certificates, no
-# shell). Build: docker build -t mpush-server .
+# a non-root user on a small image (distroless: glibc, OpenSSL's libcrypto for
+# the RSA handshake, CA certificates, no shell). Build: docker build -t mpush-server .
 # Run the 3-node cluster: see deploy/README.md.
 
 FROM rust:1.95.0-bookworm AS build

@@ -59,8 +59,9 @@ async fn send(queues: &Queues, count: usize, size: usize, broadcast: bool) -> us
 
 /// `count` RSA private-key operations on this thread, as the server does one
 /// per full handshake: the mpush default 1024-bit key, the same library and
-/// blinding, one block of a handshake's size. Returns the seconds spent.
-fn rsa_ops(count: usize) -> Result<f64> {
+/// blinding, one block of a handshake's size. Returns the seconds spent and
+/// the library that did them.
+fn rsa_ops(count: usize) -> Result<(f64, &'static str)> {
     use mpush_protocol::crypto::{RsaPrivate, RsaPublic};
     let key = RsaPrivate::mpush_default();
     let mut rng: mpush_protocol::crypto::Rng = rand_core::SeedableRng::from_seed([9; 32]);
@@ -69,7 +70,7 @@ fn rsa_ops(count: usize) -> Result<f64> {
     for _ in 0..count {
         key.decrypt(&mut rng, &block)?;
     }
-    Ok(t0.elapsed().as_secs_f64())
+    Ok((t0.elapsed().as_secs_f64(), key.backend()))
 }
 
 /// A TLS acceptor over `cert`/`key` (PEM) with rustls' defaults: what a TLS
@@ -139,8 +140,8 @@ pub async fn run(addr: &str, tls: Option<(&Path, &Path)>) -> Result<()> {
             }
             ["rsa", count] => {
                 let count: usize = count.parse()?;
-                let spent = rsa_ops(count)?;
-                json!({"event": "rsa", "ops": count, "seconds": spent})
+                let (spent, backend) = rsa_ops(count)?;
+                json!({"event": "rsa", "ops": count, "seconds": spent, "backend": backend})
             }
             ["count"] => {
                 json!({"event": "count", "conns": queues.lock().map(|q| q.len()).unwrap_or(0)})

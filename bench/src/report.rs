@@ -239,9 +239,14 @@ fn round3(r: &Value) -> Vec<Target> {
     if !cpu.is_null() {
         let accept = f(&cpu["ideal_accept_cpu_us"]);
         let rsa = f(&cpu["ideal_rsa_op_cpu_us"]);
+        let backend = match cpu["ideal_rsa_backend"].as_str() {
+            Some("openssl") => ", OpenSSL",
+            Some("rsa") => ", the rsa crate",
+            _ => "",
+        };
         t.push(Target::new(
             format!(
-                "server CPU per full RSA connect (connect, handshake, bind: {:.0} us), vs the ideal's plain accept ({accept:.0} us) plus one RSA private-key operation ({rsa:.0} us)",
+                "server CPU per full RSA connect (connect, handshake, bind: {:.0} us), vs the ideal's plain accept ({accept:.0} us) plus one RSA private-key operation ({rsa:.0} us{backend})",
                 f(&cpu["handshake_cpu_us"])
             ),
             f(&cpu["handshake_cpu_us"]) / (accept + rsa).max(1e-9),

@@ -1004,7 +1004,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // (same key, library and blinding), timed on the server's core.
     let rsa_ops = s.rsa_ops;
     let c_rsa = cpu_secs(ipid);
-    ideal.proc.ask(&format!("rsa {rsa_ops}"), s.timeout).await?;
+    let rsa_reply = ideal.proc.ask(&format!("rsa {rsa_ops}"), s.timeout).await?;
     let ideal_rsa_cpu = cpu_secs(ipid) - c_rsa;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let c_accept = cpu_secs(ipid);
@@ -1051,6 +1051,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "ideal_one_at_a_time_cpu_us_per_delivery": us(ideal_one_cpu, one * held),
         "ideal_accept_cpu_us": us(ideal_accept_cpu, held),
         "ideal_rsa_op_cpu_us": us(ideal_rsa_cpu, rsa_ops),
+        "ideal_rsa_backend": rsa_reply["backend"],
         "handshake_cpu_us": us(handshake_cpu, n),
         "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency},
         "fast_connect_cpu_us": us(fast_cpu, n),

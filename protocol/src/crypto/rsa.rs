@@ -39,6 +39,11 @@ fn der_from_text(text: &str) -> Result<Vec<u8>, CryptoError> {
 #[derive(Clone)]
 pub struct RsaPrivate {
     key: RsaPrivateKey,
+    /// The same key in OpenSSL, which does the private-key operation when
+    /// the `openssl-rsa` feature is on (a key OpenSSL cannot take, such as
+    /// one of more than two primes, stays with `rsa`).
+    #[cfg(feature = "openssl-rsa")]
+    native: Option<native::NativeKey>,
 }
 
 impl std::fmt::Debug for RsaPrivate {
@@ -106,7 +111,25 @@ impl RsaPrivate {
         };
         let key = RsaPrivateKey::from_components(n, e, d, primes)
             .map_err(|e| CryptoError::Key(format!("invalid RSA key: {e}")))?;
-        Ok(Self { key })
+        Ok(Self::with_key(key))
+    }
+
+    fn with_key(key: RsaPrivateKey) -> Self {
+        Self {
+            #[cfg(feature = "openssl-rsa")]
+            native: native::NativeKey::new(&key),
+            key,
+        }
+    }
+
+    /// Which library does the private-key operation: `"openssl"` or
+    /// `"rsa"` (the pure-Rust crate).
+    pub fn backend(&self) -> &'static str {
+        #[cfg(feature = "openssl-rsa")]
+        if self.native.is_some() {
+            return "openssl";
+        }
+        "rsa"
     }
 
     /// A fresh key of `bits` bits and its PKCS#8 DER encoding (what
@@ -119,7 +142,7 @@ impl RsaPrivate {
             .map_err(|e| CryptoError::Key(e.to_string()))?
             .as_bytes()
             .to_vec();
-        Ok((Self { key }, der))
+        Ok((Self::with_key(key), der))
     }
 
     /// A symmetric key derived from this private key (HKDF-SHA256 over the
@@ -163,6 +186,10 @@ impl RsaPrivate {
                 ciphertext.len()
             )));
         }
+        #[cfg(feature = "openssl-rsa")]
+        if let Some(native) = &self.native {
+            return native.decrypt(k, ciphertext);
+        }
         let mut out = Vec::with_capacity(ciphertext.len());
         for block in ciphertext.chunks(k) {
             let plain = self
@@ -172,6 +199,211 @@ impl RsaPrivate {
             out.extend_from_slice(&plain);
         }
         Ok(out)
+    }
+}
+
+/// The private-key operation through OpenSSL: the modular exponentiation
+/// (CRT, blinded, constant time) in libcrypto, the PKCS#1 v1.5 decoding here
+/// with implicit rejection (draft-irtf-cfrg-rsa-guidance §7), exactly as the
+/// `rsa` crate decodes: a ciphertext whose padding is wrong decrypts to a
+/// synthetic message derived from it and the key, in the same time as a
+/// good one, so the handshake that follows fails the same way whatever the
+/// padding was (no Bleichenbacher/Marvin oracle). OpenSSL 3.0's own PKCS#1
+/// decoding reports bad padding as an error instead.
+#[cfg(feature = "openssl-rsa")]
+mod native {
+    use hmac::{KeyInit, Mac};
+    use openssl::bn::{BigNum, BigNumContext};
+    use openssl::pkey::Private;
+    use openssl::rsa::{Padding, Rsa};
+    use rsa::traits::{PrivateKeyParts, PublicKeyParts};
+    use rsa::{BoxedUint, PrivateKey as RsaPrivateKey};
+    use sha2::{Digest, Sha256};
+    use subtle::{Choice, ConditionallySelectable, ConstantTimeEq, ConstantTimeGreater};
+    use zeroize::{Zeroize, Zeroizing};
+
+    use crate::error::CryptoError;
+
+    type HmacSha256 = hmac::Hmac<Sha256>;
+
+    /// An OpenSSL copy of a two-prime key, with its CRT values, and the
+    /// hash of the private exponent that implicit rejection keys its
+    /// messages with. OpenSSL blinds each operation itself (its own RNG).
+    #[derive(Clone)]
+    pub(super) struct NativeKey {
+        pub(super) rsa: Rsa<Private>,
+        /// SHA-256 of I2OSP(d, k).
+        d_hash: Zeroizing<[u8; 32]>,
+    }
+
+    impl NativeKey {
+        /// None when OpenSSL cannot hold the key as a two-prime CRT key, or
+        /// the copy does not decrypt what the key's public half encrypts:
+        /// the caller then keeps using `rsa`.
+        pub(super) fn new(key: &RsaPrivateKey) -> Option<Self> {
+            let [p, q] = key.primes() else {
+                return None;
+            };
+            let k = key.size();
+            // Implicit rejection's PRF encodes bit lengths in two octets.
+            if !(11..8192).contains(&k) {
+                return None;
+            }
+            let bn = |b: &BoxedUint| {
+                let bytes = Zeroizing::new(b.to_be_bytes());
+                BigNum::from_slice(&bytes).ok()
+            };
+            let (n, e, d) = (bn(key.n())?, bn(key.e())?, bn(key.d())?);
+            let (p, q) = (bn(p)?, bn(q)?);
+            let mut ctx = BigNumContext::new_secure().ok()?;
+            let one = BigNum::from_u32(1).ok()?;
+            let mut dp = BigNum::new_secure().ok()?;
+            dp.nnmod(&d, &(&p - &one), &mut ctx).ok()?;
+            let mut dq = BigNum::new_secure().ok()?;
+            dq.nnmod(&d, &(&q - &one), &mut ctx).ok()?;
+            let mut qinv = BigNum::new_secure().ok()?;
+            qinv.mod_inverse(&q, &p, &mut ctx).ok()?;
+            let d_bytes = Zeroizing::new(d.to_vec_padded(i32::try_from(k).ok()?).ok()?);
+            let d_hash = Zeroizing::new(Sha256::digest(&*d_bytes).into());
+            let rsa = Rsa::from_private_components(n, e, d, p, q, dp, dq, qinv).ok()?;
+            if !rsa.check_key().unwrap_or(false) || rsa.size() as usize != k {
+                return None;
+            }
+            let native = Self { rsa, d_hash };
+            native.agrees_with(key).then_some(native)
+        }
+
+        /// One round trip: `rsa` encrypts with the public half, OpenSSL
+        /// decrypts.
+        fn agrees_with(&self, key: &RsaPrivateKey) -> bool {
+            let probe = b"mpush-rs: the OpenSSL copy of the key";
+            // The padding's randomness from OpenSSL: this crate draws none
+            // of its own.
+            let mut seed = [0u8; 32];
+            if openssl::rand::rand_bytes(&mut seed).is_err() {
+                return false;
+            }
+            let mut rng = <crate::crypto::Rng as rand_core::SeedableRng>::from_seed(seed);
+            let Ok(c) = key
+                .to_public_key()
+                .encrypt(&mut rng, rsa::Pkcs1v15Encrypt, probe)
+            else {
+                return false;
+            };
+            self.decrypt(key.size(), &c).is_ok_and(|p| p == probe)
+        }
+
+        /// Decrypts `k`-byte blocks (the caller checked the length) and
+        /// concatenates their messages.
+        pub(super) fn decrypt(&self, k: usize, ciphertext: &[u8]) -> Result<Vec<u8>, CryptoError> {
+            let mut out = Vec::with_capacity(ciphertext.len());
+            let mut em = Zeroizing::new(vec![0u8; k]);
+            for block in ciphertext.chunks(k) {
+                // Fails only for what is public: a block not below the modulus.
+                match self.rsa.private_decrypt(block, &mut em, Padding::NONE) {
+                    Ok(n) if n == k => {}
+                    _ => {
+                        out.zeroize();
+                        return Err(CryptoError::Rsa("decryption error".into()));
+                    }
+                }
+                let len = self.unpad(&mut em, block);
+                out.extend_from_slice(&em[k - len..]);
+            }
+            Ok(out)
+        }
+
+        /// EME-PKCS1-v1_5 decoding with implicit rejection: leaves the
+        /// message at the end of `em` and returns its length. Where the
+        /// padding is wrong, the message is the alternative one. No branch
+        /// and no index depends on `em`.
+        fn unpad(&self, em: &mut [u8], ciphertext: &[u8]) -> usize {
+            let k = em.len();
+            let kdk = self.key_derivation_key(ciphertext);
+            let am = irprf(&kdk, b"message", k);
+            let cl = irprf(&kdk, b"length", 256);
+            // k is in 11..8192 (checked when the key was made).
+            let max_len = u16::try_from(k - 11).unwrap_or(u16::MAX);
+            let al = alternative_length(&cl, max_len);
+
+            // EM = 0x00 || 0x02 || PS (at least eight nonzero octets) || 0x00 || M
+            let mut bad = !em[0].ct_eq(&0) | !em[1].ct_eq(&2);
+            let mut looking = Choice::from(1);
+            let mut separator = 0u32;
+            for (i, octet) in (0u32..).zip(em.iter()).skip(2) {
+                let zero = octet.ct_eq(&0);
+                separator.conditional_assign(&i, looking & zero);
+                looking &= !zero;
+            }
+            bad |= looking | !separator.ct_gt(&9);
+            let k32 = u32::try_from(k).unwrap_or(u32::MAX);
+            let l =
+                u32::conditional_select(&k32.wrapping_sub(separator).wrapping_sub(1), &0, looking);
+            let len = u32::conditional_select(&l, &u32::from(al), bad);
+            for (e, a) in em.iter_mut().zip(am.iter()) {
+                e.conditional_assign(a, bad);
+            }
+            len as usize
+        }
+
+        /// KDK = HMAC-SHA256(SHA-256(I2OSP(d, k)), C).
+        fn key_derivation_key(&self, ciphertext: &[u8]) -> Zeroizing<[u8; 32]> {
+            let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&*self.d_hash)
+                .expect("HMAC takes any key length");
+            mac.update(ciphertext);
+            Zeroizing::new(mac.finalize().into_bytes().into())
+        }
+    }
+
+    /// IRPRF(KDK, label, length): HMAC-SHA256 blocks over
+    /// I2OSP(i, 2) || label || I2OSP(length in bits, 2).
+    fn irprf(kdk: &[u8; 32], label: &[u8], length: usize) -> Zeroizing<Vec<u8>> {
+        let bits = u16::try_from(length * 8).unwrap_or(u16::MAX).to_be_bytes();
+        let mut out = Zeroizing::new(vec![0u8; length]);
+        for (i, chunk) in (0u16..).zip(out.chunks_mut(32)) {
+            let mut mac =
+                <HmacSha256 as KeyInit>::new_from_slice(kdk).expect("HMAC takes any key length");
+            mac.update(&i.to_be_bytes());
+            mac.update(label);
+            mac.update(&bits);
+            let block = Zeroizing::new(<[u8; 32]>::from(mac.finalize().into_bytes()));
+            chunk.copy_from_slice(&block[..chunk.len()]);
+        }
+        out
+    }
+
+    /// The alternative message's length: the last of the 128 two-octet
+    /// candidates in `cl`, masked to `max`'s bit length, that is not above
+    /// `max` (0 when none is).
+    fn alternative_length(cl: &[u8], max: u16) -> u16 {
+        let mut mask = max;
+        mask |= mask >> 1;
+        mask |= mask >> 2;
+        mask |= mask >> 4;
+        mask |= mask >> 8;
+        cl.chunks_exact(2).fold(0u16, |al, pair| {
+            let candidate = u16::from_be_bytes([pair[0], pair[1]]) & mask;
+            u16::conditional_select(&al, &candidate, !candidate.ct_gt(&max))
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_alternative_length_is_the_last_admissible_candidate() {
+            let mut cl = [0xff; 256];
+            cl[..2].copy_from_slice(&5u16.to_be_bytes());
+            cl[252..254].copy_from_slice(&20u16.to_be_bytes());
+            assert_eq!(alternative_length(&cl, 20), 20);
+            cl[252..254].fill(0xff);
+            // 0xffff masked to 5 bits is 31, above 20: the first one stays.
+            assert_eq!(alternative_length(&cl, 20), 5);
+            cl[..2].fill(0xff);
+            assert_eq!(alternative_length(&cl, 20), 0);
+            assert_eq!(alternative_length(&cl, 0), 0);
+        }
     }
 }
 
@@ -308,5 +540,106 @@ mod tests {
         assert!(RsaPrivate::from_text("not a key").is_err());
         assert!(RsaPrivate::from_text("AAAA").is_err());
         assert!(RsaPublic::from_text("AAAA").is_err());
+    }
+
+    /// With `openssl-rsa`, OpenSSL does the private-key operation for every
+    /// two-prime key: mpush's stripped default key (primes recovered from n
+    /// and d) and generated ones. It answers exactly what `rsa` answers, for
+    /// every ciphertext a client makes and for forged ones: a block with bad
+    /// padding gives the same synthetic message (implicit rejection), a
+    /// block not below the modulus the same refusal.
+    #[cfg(feature = "openssl-rsa")]
+    #[test]
+    fn openssl_decrypts_what_rsa_decrypts() {
+        use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
+        let mut rng = Rng::seed_from_u64(3);
+        let keys = [
+            RsaPrivate::mpush_default(),
+            RsaPrivate::generate(&mut rng, 1024).expect("generates").0,
+            RsaPrivate::generate(&mut rng, 2048).expect("generates").0,
+        ];
+        for key in &keys {
+            assert_eq!(key.backend(), "openssl", "{key:?}");
+            let mut pure = key.clone();
+            pure.native = None;
+            assert_eq!(pure.backend(), "rsa");
+            let public = key.public();
+            let k = key.size();
+            let cases = proptest::test_runner::Config {
+                cases: 64,
+                ..Default::default()
+            };
+            proptest!(cases, |(msg in proptest::collection::vec(any::<u8>(), 1..400),
+                               garbage in proptest::collection::vec(any::<u8>(), 1..4),
+                               seed in any::<u64>())| {
+                let mut rng = Rng::seed_from_u64(seed);
+                let c = public.encrypt(&mut rng, &msg).expect("encrypts");
+                prop_assert_eq!(&key.decrypt(&mut rng, &c).expect("openssl"), &msg);
+                prop_assert_eq!(&pure.decrypt(&mut rng, &c).expect("rsa"), &msg);
+                // A block nobody encrypted: random bytes below the modulus.
+                let mut forged = vec![0u8; k];
+                rand_core::Rng::fill_bytes(&mut rng, &mut forged[1..]);
+                forged[1] &= 0x7f;
+                for (i, b) in garbage.iter().enumerate() {
+                    forged[1 + i] ^= b;
+                }
+                let by_rsa = pure.decrypt(&mut rng, &forged);
+                let by_openssl = key.decrypt(&mut rng, &forged);
+                let by_rsa = by_rsa.expect("rsa rejects implicitly");
+                prop_assert_eq!(&by_openssl.expect("OpenSSL rejects implicitly"), &by_rsa);
+                prop_assert!(by_rsa.len() <= k - 11);
+                // Not below the modulus: refused by both.
+                let mut above = forged.clone();
+                above[0] = 0xff;
+                prop_assert!(pure.decrypt(&mut rng, &above).is_err());
+                prop_assert!(key.decrypt(&mut rng, &above).is_err());
+                // Lengths that are not whole blocks are refused before either library.
+                prop_assert!(key.decrypt(&mut rng, &c[..c.len() - 1]).is_err());
+            });
+        }
+    }
+
+    /// The decoding's edge cases, made exactly: every header, separators
+    /// at each place around the eight-octet minimum and at the end, a
+    /// missing separator, later zeros. Each encoded message is encrypted raw
+    /// and both libraries must answer the same.
+    #[cfg(feature = "openssl-rsa")]
+    #[test]
+    fn openssl_decodes_every_edge_of_the_padding_as_rsa_does() {
+        let key = RsaPrivate::mpush_default();
+        let mut pure = key.clone();
+        pure.native = None;
+        let native = key.native.as_ref().expect("OpenSSL holds the key");
+        let k = key.size();
+        let mut rng = Rng::seed_from_u64(5);
+        let mut seen_valid = 0;
+        for header in [[0u8, 2], [0, 1], [1, 2], [0, 0]] {
+            for separator in (2..=13).chain([64, k - 2, k - 1, k]) {
+                for later_zero in [false, true] {
+                    let mut em = vec![0x42u8; k];
+                    em[..2].copy_from_slice(&header);
+                    if separator < k {
+                        em[separator] = 0;
+                        if later_zero && separator < k - 1 {
+                            em[k - 1] = 0;
+                        }
+                    }
+                    let mut c = vec![0u8; k];
+                    native
+                        .rsa
+                        .public_encrypt(&em, &mut c, openssl::rsa::Padding::NONE)
+                        .expect("raw");
+                    let by_rsa = pure.decrypt(&mut rng, &c).expect("rsa");
+                    let by_openssl = key.decrypt(&mut rng, &c).expect("openssl");
+                    assert_eq!(by_openssl, by_rsa, "{header:?} {separator} {later_zero}");
+                    let valid = header == [0, 2] && (10..k).contains(&separator);
+                    if valid {
+                        assert_eq!(by_rsa, em[separator + 1..]);
+                        seen_valid += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen_valid > 10);
     }
 }

@@ -218,6 +218,12 @@ impl<L: Logic> Gateway<L> {
             0 => 2 * std::thread::available_parallelism().map_or(2, usize::from),
             n => n,
         };
+        tracing::info!(
+            library = cfg.private_key.backend(),
+            bits = cfg.private_key.size() * 8,
+            workers,
+            "RSA private-key operations"
+        );
         let gw = Arc::new(Self {
             conns: ConnRegistry::default(),
             rate: IpRateLimit::new(l.handshakes_per_ip),
