@@ -208,9 +208,9 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         }
     }
 
-    /// Arms the connection's timer for its next deadline (the machine's or
-    /// the drain's) in the gateway's timers, if it is earlier than the one
-    /// armed (see `gateway::timers`).
+    /// Sets the connection's next deadline (the machine's or the drain's);
+    /// enters it in the gateway's timers if it is earlier than the one armed
+    /// (see `gateway::timers`).
     fn arm(&self) {
         let timers = &self.gw.conns.timers;
         let machine = self
@@ -218,7 +218,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             .poll_timeout()
             .map(|d| timers.tick_of(tokio::time::Instant::from_std(d)));
         let at = machine.map_or(self.drain_at, |m| m.min(self.drain_at));
-        if at != u64::MAX && self.tx.arm(at) {
+        if self.tx.arm(at) {
             super::start_timers(&self.gw);
             timers.add(at, self.conn_id);
         }

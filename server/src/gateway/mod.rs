@@ -130,12 +130,25 @@ impl ConnRegistry {
     /// Wakes every connection whose deadline came by now; the next
     /// deadline's instant. `due` is the caller's scratch space.
     fn fire_due(&self, due: &mut Vec<(u64, u64)>) -> Option<Instant> {
-        let next = self.timers.take_due(self.timers.now(), due);
-        for (at, conn) in due.drain(..) {
-            if let Some(q) = self.map.get(&conn) {
-                q.fire(at);
+        let mut next = self.timers.take_due(self.timers.now(), due);
+        // Entries whose connection's deadline moved later re-arm for it in
+        // place of a wake: the task is woken only when its deadline came.
+        // A connection holds one live entry whatever its deadline did.
+        let mut rearmed = 0;
+        for i in 0..due.len() {
+            let (at, conn) = due[i];
+            if let Some(q) = self.map.get(&conn)
+                && let crate::route::Fired::Rearmed(later) = q.fire(at)
+            {
+                due[rearmed] = (later, conn);
+                rearmed += 1;
             }
         }
+        due.truncate(rearmed);
+        if let Some(first) = self.timers.add_all(due) {
+            next = Some(next.map_or(first, |n| n.min(first)));
+        }
+        due.clear();
         // Stale entries (connections gone, or armed earlier since) are
         // dropped once they outnumber the open connections: at most about
         // two entries per connection, and the walk amortised over as many

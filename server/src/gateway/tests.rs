@@ -624,6 +624,47 @@ async fn the_timers_drop_what_no_open_connection_is_armed_for() {
     assert!(q.armed_for(1_000_000));
 }
 
+/// A deadline that moved later does not wake the connection when the
+/// earlier one comes: the timers re-arm its entry for the later one (a
+/// node's connections that all finished their handshakes within a second
+/// would otherwise be woken together at the handshake deadline, in the
+/// middle of the pushes they serve). The later deadline does wake it.
+#[tokio::test]
+async fn a_deadline_that_moved_later_wakes_nobody_until_it_comes() {
+    let reg = super::ConnRegistry::default();
+    let q = Arc::new(ConnQueue::new(4));
+    reg.register(1, &q);
+    let now = reg.timers.now();
+    // The handshake's deadline, then the heartbeat's once it is done.
+    assert!(q.arm(now + 1));
+    reg.timers.add(now + 1, 1);
+    assert!(!q.arm(now + 10_000_000), "later: only noted");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut due = Vec::new();
+    let next = reg.fire_due(&mut due);
+    assert!(q.try_recv().is_none(), "not woken for the earlier deadline");
+    assert_eq!(reg.timers.len(), 1, "one live entry, for the later one");
+    assert!(q.armed_for(now + 10_000_000));
+    assert!(next.is_some_and(|at| at > tokio::time::Instant::now()));
+    // Moved later by little: re-armed, then woken when it comes.
+    let q2 = Arc::new(ConnQueue::new(4));
+    reg.register(2, &q2);
+    let now = reg.timers.now();
+    assert!(q2.arm(now + 1));
+    reg.timers.add(now + 1, 2);
+    assert!(!q2.arm(now + 3));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let next = reg.fire_due(&mut due);
+    assert!(q2.try_recv().is_none(), "re-armed first");
+    assert!(
+        next.is_some_and(|at| at <= tokio::time::Instant::now()),
+        "the re-armed entry is due: the task turns again at once"
+    );
+    reg.fire_due(&mut due);
+    assert!(matches!(q2.try_recv(), Some(ConnCommand::Tick)));
+    assert!(q.try_recv().is_none());
+}
+
 /// A client that closes its connection while its handshake waits for the
 /// RSA worker gives its place up at once: its task ends and the worker
 /// skips the job, instead of both lasting until the handshake's deadline

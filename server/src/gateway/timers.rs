@@ -7,12 +7,15 @@
 //! 112 bytes of every idle connection's task, and the task made and dropped
 //! one at each wake (two locked operations on tokio's timer wheel per push
 //! delivered). Here a connection enters a deadline only when it is earlier
-//! than the one it is armed for ([`ConnQueue::arm`]): a later deadline
-//! (a heartbeat moved on) is armed when the earlier one comes. An entry a
-//! connection has since armed earlier than is stale: it wakes nobody
-//! ([`ConnQueue::fire`]), and the heap is compacted once stale entries
-//! outnumber the open connections, so it holds at most about two entries
-//! per connection.
+//! than the one it is armed for ([`ConnQueue::arm`]). A deadline that moved
+//! later (a handshake done, a heartbeat read, the ACKs in flight answered)
+//! is only noted in the connection's queue: when the armed entry comes, this
+//! task re-enters it for the later deadline instead of waking the
+//! connection ([`ConnQueue::fire`]), so a connection's task is woken only
+//! when its deadline came, and holds one live entry. An entry a connection
+//! has since armed earlier than is stale: it wakes nobody, and the heap is
+//! compacted once stale entries outnumber the open connections, so it holds
+//! at most about two entries per connection.
 //!
 //! Ticks are milliseconds since the timers were made; a deadline rounds up
 //! to its tick, so no connection is woken before its deadline.
@@ -97,6 +100,16 @@ impl Timers {
             // A permit is kept if the task is not waiting yet: nothing lost.
             self.notify.notify_one();
         }
+    }
+
+    /// Enters the timers' own re-armed entries (see
+    /// [`ConnQueue::fire`](crate::route::ConnQueue::fire)), under one lock;
+    /// the earliest one's instant. The task calls it, so nobody is notified.
+    pub(crate) fn add_all(&self, entries: &[(u64, u64)]) -> Option<Instant> {
+        let first = entries.iter().map(|(at, _)| *at).min()?;
+        let mut heap = self.heap.lock();
+        heap.extend(entries.iter().map(|&e| Reverse(e)));
+        Some(self.instant_of(first))
     }
 
     /// True once: the caller starts the task.

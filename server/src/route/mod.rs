@@ -22,7 +22,7 @@ use mpush_protocol::session::{DeviceInfo, Profile};
 use parking_lot::RwLock;
 
 pub use local::Connections;
-pub use queue::{ConnQueue, SendError};
+pub use queue::{ConnQueue, Fired, SendError};
 pub use table::RedisRoutes;
 pub use tags::Tags;
 
