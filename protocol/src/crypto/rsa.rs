@@ -122,6 +122,16 @@ impl RsaPrivate {
         }
     }
 
+    /// The same key with the private-key operation left to the pure-Rust
+    /// `rsa` crate (for comparisons: `benches/rsa.rs`).
+    #[cfg(feature = "openssl-rsa")]
+    pub fn without_openssl(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            native: None,
+        }
+    }
+
     /// Which library does the private-key operation: `"openssl"` or
     /// `"rsa"` (the pure-Rust crate).
     pub fn backend(&self) -> &'static str {
