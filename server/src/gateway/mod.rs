@@ -134,17 +134,13 @@ impl ConnRegistry {
         // Entries whose connection's deadline moved later re-arm for it in
         // place of a wake: the task is woken only when its deadline came.
         // A connection holds one live entry whatever its deadline did.
-        let mut rearmed = 0;
-        for i in 0..due.len() {
-            let (at, conn) = due[i];
-            if let Some(q) = self.map.get(&conn)
-                && let crate::route::Fired::Rearmed(later) = q.fire(at)
-            {
-                due[rearmed] = (later, conn);
-                rearmed += 1;
+        due.retain_mut(|(at, conn)| match self.map.get(conn).map(|q| q.fire(*at)) {
+            Some(crate::route::Fired::Rearmed(later)) => {
+                *at = later;
+                true
             }
-        }
-        due.truncate(rearmed);
+            _ => false,
+        });
         if let Some(first) = self.timers.add_all(due) {
             next = Some(next.map_or(first, |n| n.min(first)));
         }
