@@ -85,10 +85,39 @@ impl Proc {
     }
 }
 
+/// A loopback port nothing listens on, for a process the bench starts.
+///
+/// Not one the kernel hands out for `127.0.0.1:0`: such a port is in the
+/// ephemeral range, and once released the next outgoing connection (the load
+/// clients open tens of thousands) may take it as its source port, so that the
+/// server started on it fails with "address in use" (seen in CI). Candidates
+/// are below that range, where the kernel never picks source ports, and rotate
+/// from an offset of this process's id so that two callers or two processes do
+/// not test the same one.
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 10_000;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if low <= FIRST + 1_000 {
+        // No room below the range: the kernel's choice, with its race.
+        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port());
+    }
+    let span = low - FIRST;
+    let offset = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span.min(4_096) {
+        let n = offset.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
+        let port = u16::try_from(FIRST + n % span)?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port in {FIRST}..{low}")
 }
 
 /// Resident memory of a process, in KiB.
@@ -147,8 +176,20 @@ struct Redis {
 }
 
 async fn start_redis() -> Result<Redis> {
-    let port = free_port()?;
-    let child = Command::new("redis-server")
+    let mut tries = 0;
+    loop {
+        match start_redis_on(free_port()?).await {
+            Err(e) if tries < 2 && e.to_string().contains("exited at start") => {
+                eprintln!("{e:#}; starting it again on another port");
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+async fn start_redis_on(port: u16) -> Result<Redis> {
+    let mut child = Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no", "--maxclients", "10000"])
         .stdout(Stdio::null())
@@ -156,6 +197,9 @@ async fn start_redis() -> Result<Redis> {
         .spawn()
         .context("redis-server (apt-get install redis-server)")?;
     for _ in 0..200 {
+        if let Some(status) = child.try_wait()? {
+            bail!("redis-server exited at start ({status}) on port {port}");
+        }
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
@@ -182,8 +226,20 @@ async fn start_server_with(
     cpus: Option<&str>,
     env: &[(&str, &str)],
 ) -> Result<Server> {
-    let ports = (free_port()?, free_port()?, free_port()?);
-    start_server_on(bin, cluster, cpus, env, ports).await
+    // A port can still be taken between the check and the server's bind (by
+    // another program): a server that exits at start is started again on
+    // other ports.
+    let mut tries = 0;
+    loop {
+        let ports = (free_port()?, free_port()?, free_port()?);
+        match start_server_on(bin, cluster, cpus, env, ports).await {
+            Err(e) if tries < 2 && e.to_string().contains("exited at start") => {
+                eprintln!("{e:#}; starting it again on other ports");
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// `start_server_with` on these ports (TCP, WebSocket, HTTP): a restart
@@ -233,12 +289,15 @@ async fn start_server_on(
             .env("MPUSH__CLUSTER__NODE_ID", id)
             .env("MPUSH__CLUSTER__INTERNAL", "127.0.0.1:0");
     }
-    let child = cmd
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let api = format!("http://127.0.0.1:{http}");
     let client = reqwest::Client::new();
     for _ in 0..200 {
+        if let Some(status) = child.try_wait()? {
+            bail!("mpush-server exited at start ({status}) on ports {tcp}, {ws}, {http}");
+        }
         if client.get(format!("{api}/healthz")).send().await.is_ok() {
             return Ok(Server {
                 child,
@@ -267,6 +326,23 @@ async fn start_ideal_on(me: &Path, cpus: Option<&str>) -> Result<Ideal> {
 
 /// The ideal server, accepting TLS with `tls` (certificate and key PEM) when given.
 async fn start_ideal_with(
+    me: &Path,
+    cpus: Option<&str>,
+    tls: Option<(&Path, &Path)>,
+) -> Result<Ideal> {
+    let mut tries = 0;
+    loop {
+        match start_ideal_once(me, cpus, tls).await {
+            Err(e) if tries < 2 && e.to_string().contains("did not listen") => {
+                eprintln!("{e:#}; starting it again on another port");
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+async fn start_ideal_once(
     me: &Path,
     cpus: Option<&str>,
     tls: Option<(&Path, &Path)>,
