@@ -36,6 +36,19 @@ use tokio::time::Instant;
 /// Entries are (tick, connection id), the earliest first.
 type Heap = BinaryHeap<Reverse<(u64, u64)>>;
 
+/// Entries a heap keeps room for however few it holds.
+const MIN_ROOM: usize = 4096;
+
+/// Gives back what a heap's peak (a storm, a mass disconnect) left unused:
+/// once it holds less than a quarter of its room, it keeps twice what it
+/// holds. The copy is paid at most once per halving, so entering and taking
+/// entries stays amortized constant time.
+fn trim(heap: &mut Heap) {
+    if heap.capacity() > MIN_ROOM && heap.len() < heap.capacity() / 4 {
+        heap.shrink_to((2 * heap.len()).max(MIN_ROOM));
+    }
+}
+
 /// Connections woken per turn of the task: a deadline shared by many
 /// connections (a storm's handshakes) is fired in turns that let the
 /// worker's other tasks run between them.
@@ -126,18 +139,28 @@ impl Timers {
     /// already when the batch is full).
     pub(crate) fn take_due(&self, now: u64, due: &mut Vec<(u64, u64)>) -> Option<Instant> {
         let mut heap = self.heap.lock();
+        let mut next = None;
         while let Some(Reverse((at, conn))) = heap.peek().copied() {
             if at > now || due.len() >= FIRE_BATCH {
-                return Some(self.instant_of(at));
+                next = Some(self.instant_of(at));
+                break;
             }
             heap.pop();
             due.push((at, conn));
         }
-        None
+        if !due.is_empty() {
+            trim(&mut heap);
+        }
+        next
     }
 
     pub(crate) fn len(&self) -> usize {
         self.heap.lock().len()
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.heap.lock().capacity()
     }
 
     /// Drops every entry `live` refuses. The heap is taken out meanwhile
@@ -152,8 +175,10 @@ impl Timers {
             .collect();
         let mut heap = self.heap.lock();
         let added = std::mem::take(&mut *heap);
+        // `kept` reuses the old heap's allocation, peak and all.
         let mut merged = Heap::from(kept);
         merged.extend(added.into_vec());
+        trim(&mut merged);
         *heap = merged;
         drop(heap);
         // The earliest entry may be another one now.
@@ -210,5 +235,55 @@ mod tests {
         t.take_due(u64::MAX - 1, &mut due);
         assert_eq!(due.len(), 10);
         assert!(due.windows(2).all(|w| w[0] < w[1]), "in order: {due:?}");
+    }
+
+    /// A storm's peak is given back: when its entries have fired, or when
+    /// its connections closed and compaction dropped theirs.
+    #[tokio::test]
+    async fn the_heap_gives_back_the_room_a_peak_took() {
+        let peak = 100 * FIRE_BATCH as u64;
+        let t = Timers::default();
+        for conn in 0..peak {
+            t.add(10, conn);
+        }
+        assert!(t.capacity() >= peak as usize);
+        let mut due = Vec::new();
+        while t.take_due(10, &mut due).is_some() {
+            due.clear();
+        }
+        assert_eq!(t.len(), 0);
+        assert!(t.capacity() <= MIN_ROOM, "after firing: {}", t.capacity());
+
+        // Also while later entries stay (the connections that remain).
+        for conn in 0..peak {
+            t.add(if conn < 100 { 1_000 } else { 15 }, conn);
+        }
+        due.clear();
+        while t.take_due(15, &mut due).is_some_and(|_| !due.is_empty()) {
+            due.clear();
+        }
+        assert_eq!(t.len(), 100);
+        assert!(
+            t.capacity() <= MIN_ROOM,
+            "with entries left: {}",
+            t.capacity()
+        );
+        due.clear();
+        t.take_due(1_000, &mut due);
+
+        for conn in 0..peak {
+            t.add(20, conn);
+        }
+        t.compact(|_, conn| conn < 100);
+        assert_eq!(t.len(), 100);
+        assert!(
+            t.capacity() <= MIN_ROOM,
+            "after compaction: {}",
+            t.capacity()
+        );
+        // What is left still fires, in order.
+        due.clear();
+        assert_eq!(t.take_due(20, &mut due), None);
+        assert_eq!(due, (0..100).map(|c| (20, c)).collect::<Vec<_>>());
     }
 }

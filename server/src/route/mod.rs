@@ -287,11 +287,16 @@ impl Router {
         user: &str,
         client_type: Option<ClientType>,
     ) -> Result<Vec<Target>, RouteError> {
-        let local = self.local.lookup(user);
+        // The table first, this node's connections after it: a connection
+        // bound here meanwhile is then in both (a bind enters it here
+        // before the table), so its fresh row is not taken for a stale one
+        // and removed from the table, which would hide the device from the
+        // other nodes until the next route refresh.
         let remote = match &self.table {
             Some(t) => t.lookup(user).await.map(Some),
             None => Ok(None),
         };
+        let local = self.local.lookup(user);
         self.merge(user, client_type, local, remote).await
     }
 
@@ -310,6 +315,7 @@ impl Router {
         };
         let mut out = Vec::with_capacity(users.len());
         for (user, remote) in users.iter().zip(remote) {
+            // After the table, as in `resolve`.
             let local = self.local.lookup(user);
             out.push(self.merge(user, client_type, local, remote).await);
         }
@@ -398,5 +404,110 @@ impl Router {
             })
             .collect();
         t.refresh(routes).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use tokio::sync::Notify;
+
+    /// A route table in memory whose reads wait at a gate, so that a test
+    /// can bind a connection while a push is between the table and this
+    /// node's connections.
+    #[derive(Default)]
+    struct GatedTable {
+        rows: parking_lot::Mutex<HashMap<(String, ClientType), Route>>,
+        reading: Notify,
+        gate: Notify,
+    }
+
+    #[async_trait]
+    impl RouteStore for GatedTable {
+        async fn bind(&self, user: &str, route: Route) -> Result<Option<Route>, RouteError> {
+            Ok(self
+                .rows
+                .lock()
+                .insert((user.to_owned(), route.client_type), route))
+        }
+        async fn unbind(&self, user: &str, ct: ClientType, node: &str, conn_id: u64) {
+            let mut rows = self.rows.lock();
+            let key = (user.to_owned(), ct);
+            if rows
+                .get(&key)
+                .is_some_and(|r| r.node == node && r.conn_id == conn_id)
+            {
+                rows.remove(&key);
+            }
+        }
+        async fn lookup(&self, user: &str) -> Result<Vec<Route>, RouteError> {
+            self.reading.notify_one();
+            self.gate.notified().await;
+            let rows = self.rows.lock().clone();
+            Ok(rows
+                .into_iter()
+                .filter(|((u, _), _)| u == user)
+                .map(|(_, r)| r)
+                .collect())
+        }
+        async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError> {
+            let mut out = Vec::new();
+            for u in users {
+                out.push(self.lookup(u).await?);
+            }
+            Ok(out)
+        }
+        async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
+            routes.len()
+        }
+    }
+
+    fn handle(id: u64) -> ConnHandle {
+        let device = DeviceInfo {
+            device_id: format!("device-{id}"),
+            os_name: "android".into(),
+            os_version: "14".into(),
+            client_version: "1.0".into(),
+        };
+        ConnHandle {
+            info: Arc::new(ConnInfo::new(id, &device, Profile::V2, Transport::Tcp, 0)),
+            tx: Arc::new(ConnQueue::new(8)),
+        }
+    }
+
+    /// A push that reads the table while the user's device binds on this
+    /// node finds the table's row for the new connection; the row must stay.
+    #[tokio::test]
+    async fn a_push_racing_a_bind_here_keeps_the_new_route() {
+        for many in [false, true] {
+            let table = Arc::new(GatedTable::default());
+            let router = Arc::new(Router::new("a".into(), Some(table.clone())));
+            let user: Arc<str> = "u".into();
+            let resolving = tokio::spawn({
+                let (router, user) = (router.clone(), user.clone());
+                async move {
+                    if many {
+                        router.resolve_many(&[user], None).await.remove(0)
+                    } else {
+                        router.resolve(&user, None).await
+                    }
+                }
+            });
+            // The push is reading the table: it waits at the gate.
+            table.reading.notified().await;
+            let (replaced, remote) = router.bind(&user, handle(7)).await;
+            assert!(replaced.is_none() && matches!(remote, Ok(None)));
+            table.gate.notify_one();
+            let targets = resolving.await.expect("joins").expect("resolves");
+            assert_eq!(targets.len(), 1, "the device bound meanwhile is reached");
+            let rows = table.rows.lock().clone();
+            assert_eq!(
+                rows.get(&("u".to_owned(), ClientType::Mobile))
+                    .map(|r| r.conn_id),
+                Some(7),
+                "the new route stays in the table (many: {many})"
+            );
+        }
     }
 }
