@@ -9,6 +9,9 @@ use dashmap::DashMap;
 
 use super::ConnHandle;
 
+/// A user's connections on this node, as a lookup copies them out.
+pub type Handles = smallvec::SmallVec<[ConnHandle; 2]>;
+
 #[derive(Default)]
 pub struct Connections {
     users: DashMap<Arc<str>, Vec<ConnHandle>>,
@@ -57,8 +60,14 @@ impl Connections {
         removed
     }
 
-    pub fn lookup(&self, user: &str) -> Vec<ConnHandle> {
-        self.users.get(user).map(|r| r.clone()).unwrap_or_default()
+    /// `user`'s connections here. Most users have one or two devices: they
+    /// are copied out without an allocation (a push looks up every
+    /// recipient).
+    pub fn lookup(&self, user: &str) -> Handles {
+        self.users
+            .get(user)
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Bound connections.

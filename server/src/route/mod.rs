@@ -21,7 +21,7 @@ use mpush_protocol::server::OutboundPush;
 use mpush_protocol::session::{DeviceInfo, Profile};
 use parking_lot::RwLock;
 
-pub use local::Connections;
+pub use local::{Connections, Handles};
 pub use queue::{ConnQueue, Fired, SendError};
 pub use table::RedisRoutes;
 pub use tags::Tags;
@@ -330,7 +330,7 @@ impl Router {
         &self,
         user: &str,
         client_type: Option<ClientType>,
-        local: Vec<ConnHandle>,
+        local: Handles,
         remote: Result<Option<Vec<Route>>, RouteError>,
     ) -> Result<Vec<Target>, RouteError> {
         let mut out: Vec<Target> = local
