@@ -860,6 +860,16 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
         f(&c["per_s"]) / iu.max(1.0),
         lat(&c["latency"])
     );
+    if let Some(b) = c["redis_trace_bytes_per_message"].as_f64() {
+        let _ = writeln!(
+            o,
+            "
+In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory` \
+             before and after the phase, over its messages; traces of 1,000 recipients each). \
+             Redis keeps a trace for `delivery.trace_ttl_secs` (7 days by default): size Redis for \
+             messages per second × that TTL × this figure, or shorten the TTL."
+        );
+    }
     let up = &r["upstream"];
     if let Some(rows) = up.as_array() {
         let _ = writeln!(

@@ -1552,11 +1552,17 @@ async fn cluster_unicast(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     w.wait("bind", s.timeout, |t| t.bound >= n).await?;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let http = reqwest::Client::new();
+    // What the phase leaves in Redis is its traces (routes and sessions are
+    // there before it): each message's record, kept for the trace TTL.
+    let redis0 = redis_used_memory(&redis).await?;
     let (messages, per_s, latency) = batch_unicast(&mut w, &http, &servers[0].api, s).await?;
+    let trace_bytes =
+        redis_used_memory(&redis).await?.saturating_sub(redis0) as f64 / messages.max(1) as f64;
     w.quit().await;
-    Ok(
-        json!({"nodes": 3, "conns": s.conns, "messages": messages, "per_s": per_s, "latency": latency}),
-    )
+    Ok(json!({
+        "nodes": 3, "conns": s.conns, "messages": messages, "per_s": per_s, "latency": latency,
+        "redis_trace_bytes_per_message": trace_bytes,
+    }))
 }
 
 /// The ideal server's unicast and broadcast rates on the same connections.
@@ -1668,10 +1674,11 @@ fn print_report(r: &Value) {
     }
     let c = &r["cluster"];
     println!(
-        "cluster, 3 nodes, every push crossing nodes: {:.0} msg/s ({:.2} x ideal unicast); {}",
+        "cluster, 3 nodes, every push crossing nodes: {:.0} msg/s ({:.2} x ideal unicast); {}; Redis {:.0} B per message traced",
         f(&c["per_s"]),
         ratio(f(&c["per_s"]), iu),
-        lat(&c["latency"])
+        lat(&c["latency"]),
+        f(&c["redis_trace_bytes_per_message"])
     );
     let c = &r["cpu"];
     if !c.is_null() {
