@@ -258,6 +258,10 @@ pub struct Delivery {
     /// bytes; the oldest go first.
     pub trace_max: usize,
     pub trace_max_bytes: usize,
+    /// Bytes of traces kept in Redis at most (cluster mode), the oldest
+    /// going first; 0: bounded by `trace_ttl_secs` only. Counted as the
+    /// store writes them, in 16 shards of a sixteenth each.
+    pub redis_trace_max_bytes: u64,
     /// Messages kept per offline user; more are refused (reported, never dropped silently).
     pub inbox_max: usize,
     /// Longest `ttlSeconds` accepted.
@@ -287,6 +291,7 @@ impl Default for Delivery {
             trace_ttl_secs: 7 * 86_400,
             trace_max: 1_000_000,
             trace_max_bytes: 256 << 20,
+            redis_trace_max_bytes: 0,
             inbox_max: 1000,
             max_ttl_secs: 7 * 86_400,
             push_rate: 50_000,
@@ -814,6 +819,12 @@ impl Settings {
                 "must be at least 1 MiB",
             ));
         }
+        if d.redis_trace_max_bytes != 0 && d.redis_trace_max_bytes < 16 << 20 {
+            return Err(invalid(
+                "delivery.redis_trace_max_bytes",
+                "must be 0 (bounded by trace_ttl_secs only) or at least 16 MiB",
+            ));
+        }
         if self.security.api_tokens.iter().any(|t| t.len() < 16) {
             return Err(invalid(
                 "security.api_tokens",
@@ -1136,6 +1147,18 @@ mod tests {
         assert_eq!(v.ws.map(|a| a.port()), Some(8088));
         assert_eq!(v.http.port(), 9999);
         assert!(v.default_key);
+    }
+
+    #[test]
+    fn the_redis_trace_bound_is_off_or_at_least_16_mib() {
+        let mut s = Settings::default();
+        s.delivery.redis_trace_max_bytes = 1 << 20;
+        let e = s.clone().validate().expect_err("too small").to_string();
+        assert!(e.contains("delivery.redis_trace_max_bytes"), "{e}");
+        s.delivery.redis_trace_max_bytes = 64 << 20;
+        assert!(s.clone().validate().is_ok());
+        s.delivery.redis_trace_max_bytes = 0;
+        assert!(s.validate().is_ok(), "off: the TTL only");
     }
 
     #[test]

@@ -946,6 +946,54 @@ async fn nodes_share_a_redis_cluster() {
         .await;
     a.shutdown().await;
     b.shutdown().await;
+
+    // The traces' byte bound on a Redis Cluster: its bookkeeping shards sit
+    // in slots of their own, and the traces it pushes out (in other slots)
+    // are deleted one command each.
+    use mpush_server::redis_conn::RedisHandle;
+    use mpush_server::store::redis::RedisTraces;
+    use mpush_server::store::{TraceEvent, TraceStore};
+    let handle = RedisHandle::connect(&url, Duration::from_secs(2), None)
+        .await
+        .expect("redis cluster");
+    let traces = RedisTraces {
+        redis: handle,
+        ttl_secs: 600,
+        max_bytes: 512 << 10,
+    };
+    for t in 0..300 {
+        let id: std::sync::Arc<str> = format!("rc-trace-{t:03}").into();
+        traces.create(&id, t).await.expect("create");
+        let evs: Vec<TraceEvent> = (0..20)
+            .map(|k| TraceEvent {
+                trace_id: id.clone(),
+                user_id: format!("rc-user-{k:02}").into(),
+                device_id: format!("rc-device-{k:02}-{}", "x".repeat(40)).into(),
+                client_type: mpush_protocol::session::ClientType::Mobile,
+                state: mpush_server::store::TraceState::Delivered,
+                detail: Some("forwarded from node A to node B".into()),
+                at_ms: t,
+            })
+            .collect();
+        traces.record(&evs).await.expect("record");
+    }
+    assert!(
+        traces.get("rc-trace-000").await.expect("get").is_none(),
+        "the oldest went"
+    );
+    let newest = traces
+        .get("rc-trace-299")
+        .await
+        .expect("get")
+        .expect("the newest stays");
+    assert_eq!(newest.recipients.len(), 20);
+    let mut keys = 0;
+    for shard in &shards {
+        if let redis::Value::Array(k) = shard.query(&["KEYS", "mp:trace:rc-trace-*"]).await {
+            keys += k.len();
+        }
+    }
+    assert!(keys > 10 && keys < 150, "{keys} traces kept of 300");
 }
 
 /// A stranger on the node port: it is answered with a challenge and closed

@@ -80,6 +80,7 @@ async fn stores(redis: &Redis) -> (MemoryTraces, RedisTraces) {
         RedisTraces {
             redis: handle,
             ttl_secs: 600,
+            max_bytes: 0,
         },
     )
 }
@@ -224,4 +225,163 @@ async fn traces_in_the_earlier_layout_still_read() {
         r.history[0].2.as_deref(),
         Some("forwarded from node A to node B")
     );
+}
+
+/// `used_memory` of `redis`, in bytes.
+async fn used_memory(redis: &Redis) -> i64 {
+    let info = match redis.query(&["INFO", "memory"]).await {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO: {other:?}"),
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}
+
+fn int(v: redis::Value) -> i64 {
+    match v {
+        redis::Value::Int(n) => n,
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).parse().unwrap_or(0),
+        redis::Value::Nil => 0,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+/// Writes `traces` traces of 40 events each (about 6 KB of fields and
+/// values a trace), oldest first, named `<name>-<n>`.
+async fn fill(store: &RedisTraces, name: &str, traces: usize) {
+    for t in 0..traces {
+        let trace: Arc<str> = format!("{name}-{t:05}").into();
+        store.create(&trace, t as i64).await.expect("create");
+        let evs: Vec<TraceEvent> = (0..40)
+            .map(|k| TraceEvent {
+                trace_id: trace.clone(),
+                user_id: format!("user-{k:03}-of-a-batch-push").into(),
+                device_id: format!("device-{k:03}-{}", "x".repeat(32)).into(),
+                client_type: ClientType::from_code(1).unwrap_or_default(),
+                state: TraceState::Delivered,
+                detail: Some(format!("forwarded from node A to node B, attempt {k}").into()),
+                at_ms: t as i64,
+            })
+            .collect();
+        store.record(&evs).await.expect("record");
+    }
+}
+
+/// With `max_bytes`, Redis holds traces within the bound however many are
+/// written (its own `used_memory`, not only the store's count, stays near
+/// it), the newest stay readable and the oldest go, and the bookkeeping
+/// agrees with the keys. Without it, the same writes take several times as
+/// much.
+#[tokio::test]
+async fn a_bounded_redis_trace_store_holds_its_bytes_whatever_is_written() {
+    const MAX: u64 = 2 << 20;
+    const TRACES: usize = 3_000; // about 18 MB of fields and values
+    let redis = Redis::start(free_port()).await;
+    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
+        .await
+        .expect("redis");
+    let unbounded = RedisTraces {
+        redis: handle.clone(),
+        ttl_secs: 600,
+        max_bytes: 0,
+    };
+    let base = used_memory(&redis).await;
+    fill(&unbounded, "bounded", TRACES).await;
+    let grew_unbounded = used_memory(&redis).await - base;
+    redis.query(&["FLUSHALL", "SYNC"]).await;
+
+    let store = RedisTraces {
+        redis: handle,
+        ttl_secs: 600,
+        max_bytes: MAX,
+    };
+    let base = used_memory(&redis).await;
+    fill(&store, "bounded", TRACES).await;
+    let grew = used_memory(&redis).await - base;
+    eprintln!("Redis grew {grew} B bounded at {MAX} B, {grew_unbounded} B unbounded");
+    assert!(
+        grew < (MAX + MAX / 2) as i64,
+        "bounded: {grew} B of Redis for a bound of {MAX} B"
+    );
+    assert!(
+        grew_unbounded > 4 * grew,
+        "the bound is what holds it: {grew_unbounded} B unbounded, {grew} B bounded"
+    );
+
+    // The bookkeeping: the shards' sums within the bound, and exactly the
+    // indexed traces have keys.
+    let (mut sum, mut indexed) = (0, 0);
+    for shard in 0..16 {
+        sum += int(redis
+            .query(&["GET", &format!("mp:traces:{{t{shard}}}:sum")])
+            .await);
+        indexed += int(redis
+            .query(&["ZCARD", &format!("mp:traces:{{t{shard}}}:idx")])
+            .await);
+    }
+    assert!(sum as u64 <= MAX, "{sum}");
+    let keys = match redis.query(&["KEYS", "mp:trace:*"]).await {
+        redis::Value::Array(k) => k.len() as i64,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        keys, indexed,
+        "every kept trace indexed, every evicted one deleted"
+    );
+    assert!(indexed > 100 && indexed < TRACES as i64, "{indexed} kept");
+
+    // The newest are readable and whole; the oldest are gone.
+    let newest = store
+        .get(&format!("bounded-{:05}", TRACES - 1))
+        .await
+        .expect("get")
+        .expect("the newest trace is kept");
+    assert_eq!(newest.recipients.len(), 40);
+    assert!(store.get("bounded-00000").await.expect("get").is_none());
+}
+
+/// Traces that expired leave the bookkeeping as the store goes on writing:
+/// the index holds only live traces, with no timer.
+#[tokio::test]
+async fn expired_traces_leave_the_bound_s_index() {
+    let redis = Redis::start(free_port()).await;
+    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
+        .await
+        .expect("redis");
+    let store = RedisTraces {
+        redis: handle,
+        ttl_secs: 1,
+        max_bytes: 64 << 20,
+    };
+    fill(&store, "early", 100).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // A shard forgets its expired traces at its next write: 300 traces
+    // write to each of the 16 (the chance that one gets none is 16 × (15/16)^300).
+    fill(&store, "later", 300).await;
+    let mut indexed = Vec::new();
+    for shard in 0..16 {
+        match redis
+            .query(&["ZRANGE", &format!("mp:traces:{{t{shard}}}:idx"), "0", "-1"])
+            .await
+        {
+            redis::Value::Array(m) => indexed.extend(m),
+            other => panic!("{other:?}"),
+        }
+    }
+    let early = indexed
+        .iter()
+        .filter(|m| matches!(m, redis::Value::BulkString(b) if b.starts_with(b"early")))
+        .count();
+    assert_eq!(early, 0, "the expired traces left the index");
+    assert_eq!(indexed.len(), 300, "the live ones are all there");
+    let mut weights = 0;
+    for shard in 0..16 {
+        weights += int(redis
+            .query(&["HLEN", &format!("mp:traces:{{t{shard}}}:w")])
+            .await);
+    }
+    assert_eq!(weights, 300, "and only theirs are weighed");
 }

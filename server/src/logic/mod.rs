@@ -116,6 +116,7 @@ impl Hub {
             traces: Arc::new(RedisTraces {
                 redis: r.clone(),
                 ttl_secs: d.trace_ttl_secs,
+                max_bytes: d.redis_trace_max_bytes,
             }),
             inbox: Arc::new(RedisInbox {
                 redis: r.clone(),

@@ -192,10 +192,64 @@ fn parse_session(
 /// `n:<node>:<STATE>` counters and its failures `f:<user>|<device>`; all
 /// expire with the trace TTL. Fields `<user>|<device>` holding a JSON state
 /// are the earlier layout (read, never written).
+///
+/// With `max_bytes` set, the traces' bytes are also bounded: each write is
+/// counted (its fields and values, plus a per-field overhead) into one of 16
+/// shards of bookkeeping (`mp:traces:{tN}:idx`, a sorted set of trace ids by
+/// creation; `:w`, each trace's bytes; `:sum`, the shard's), updated by one
+/// script, so the sum is always that of the traces indexed. Once a shard is
+/// over its sixteenth, its oldest traces are deleted. A trace that expired
+/// leaves the index at the shard's next write. An event for a trace already
+/// deleted recreates its key uncounted (as for an expired one).
 pub struct RedisTraces {
     pub redis: RedisHandle,
     pub ttl_secs: u64,
+    /// 0: bounded by `ttl_secs` only.
+    pub max_bytes: u64,
 }
+
+/// Shards of the traces' byte bound (one hash slot each on a Redis Cluster,
+/// so the bookkeeping of busy traces is not all on one node).
+const TRACE_SHARDS: u64 = 16;
+
+/// What Redis spends on a hash field besides its name and value: its
+/// entry in the hash table, the strings' headers and the allocator's
+/// rounding (calibrated on `used_memory` by the bounded store's test).
+const FIELD_OVERHEAD: u64 = 100;
+
+/// Counts a write of `ARGV[4]` bytes to trace `ARGV[3]` (created now when
+/// `ARGV[6]` is 1; not counted when the trace is not indexed) at `ARGV[1]`
+/// ms; forgets indexed traces created before `ARGV[2]` (expired); then, while
+/// the shard is over `ARGV[5]` bytes, takes out its oldest traces (64 at
+/// most per call) and returns their ids for deletion.
+const TRACE_ACCOUNT: &str = r#"
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, 32)
+for _, g in ipairs(gone) do
+  total = total - tonumber(redis.call('HGET', KEYS[2], g) or '0')
+  redis.call('HDEL', KEYS[2], g)
+  redis.call('ZREM', KEYS[1], g)
+end
+if ARGV[6] == '1' then
+  redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[3])
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], ARGV[4])
+  total = total + tonumber(ARGV[4])
+end
+local max = tonumber(ARGV[5])
+local out = {}
+while total > max and #out < 64 do
+  local p = redis.call('ZPOPMIN', KEYS[1])
+  if #p == 0 then break end
+  total = total - tonumber(redis.call('HGET', KEYS[2], p[1]) or '0')
+  redis.call('HDEL', KEYS[2], p[1])
+  out[#out + 1] = p[1]
+end
+if total < 0 or redis.call('ZCARD', KEYS[1]) == 0 then total = 0 end
+redis.call('SET', KEYS[3], total)
+return out
+"#;
 
 fn state_name(s: TraceState) -> &'static str {
     s.name()
@@ -378,13 +432,69 @@ fn fold_recipients(events: Vec<StoredEvent>) -> Vec<RecipientState> {
 }
 
 impl RedisTraces {
-    /// One trace's events as one write, whatever their number, and no read.
-    fn record_pipe(&self, trace_id: &str, events: &[&TraceEvent]) -> redis::Pipeline {
+    /// Counts `bytes` written to `trace_id` against the bound (when there
+    /// is one) and deletes the traces it pushes out.
+    async fn account(&self, trace_id: &str, bytes: u64, create: bool) -> Result<(), StoreError> {
+        if self.max_bytes == 0 {
+            return Ok(());
+        }
+        let shard = fnv64(&[trace_id.as_bytes()]) % TRACE_SHARDS;
+        let now = unix_ms();
+        let horizon = now
+            .saturating_sub(i64::try_from(self.ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
+        let mut c = self.redis.conn();
+        let res: redis::RedisResult<Vec<String>> = redis::Script::new(TRACE_ACCOUNT)
+            .key(format!("mp:traces:{{t{shard}}}:idx"))
+            .key(format!("mp:traces:{{t{shard}}}:w"))
+            .key(format!("mp:traces:{{t{shard}}}:sum"))
+            .arg(now)
+            .arg(horizon)
+            .arg(trace_id)
+            .arg(bytes)
+            .arg(self.max_bytes / TRACE_SHARDS)
+            .arg(if create { "1" } else { "0" })
+            .invoke_async(&mut c)
+            .await;
+        let out = check("traces", "trace account", res)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        metrics::counter!("mpush_traces_evicted_total").increment(out.len() as u64);
+        // UNLINK: a large trace is freed off Redis's main thread.
+        if self.redis.cluster_nodes().is_some() {
+            // A Redis Cluster pipeline stays within one slot: one command
+            // per trace, several in flight.
+            let done: Vec<Result<(), StoreError>> = futures_util::stream::iter(out)
+                .map(|id| async move {
+                    let mut c = self.redis.conn();
+                    let res = redis::cmd("UNLINK")
+                        .arg(format!("mp:trace:{id}"))
+                        .query_async::<()>(&mut c)
+                        .await;
+                    check("traces", "trace evict", res)
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            return done.into_iter().collect();
+        }
+        let mut p = redis::pipe();
+        for id in &out {
+            p.cmd("UNLINK").arg(format!("mp:trace:{id}")).ignore();
+        }
+        check("traces", "trace evict", p.query_async::<()>(&mut c).await)
+    }
+
+    /// One trace's events as one write, whatever their number, and no read;
+    /// with the bytes it writes.
+    fn record_pipe(&self, trace_id: &str, events: &[&TraceEvent]) -> (redis::Pipeline, u64) {
         let key = format!("mp:trace:{trace_id}");
         let mut hset = redis::cmd("HSET");
         hset.arg(&key);
+        let mut bytes = 0;
         for e in events {
             let (f, v) = event_entry(e);
+            bytes += (f.len() + v.len()) as u64 + FIELD_OVERHEAD;
             hset.arg(f).arg(v);
         }
         let mut p = redis::pipe();
@@ -397,7 +507,7 @@ impl RedisTraces {
             .arg(self.ttl_secs)
             .arg("NX")
             .ignore();
-        p
+        (p, bytes)
     }
 }
 
@@ -413,7 +523,9 @@ impl TraceStore for RedisTraces {
             .ignore()
             .query_async(&mut c)
             .await;
-        check("traces", "trace create", res)
+        check("traces", "trace create", res)?;
+        let bytes = 2 * (key.len() as u64 + FIELD_OVERHEAD) + 20;
+        self.account(trace_id, bytes, true).await
     }
 
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
@@ -426,14 +538,18 @@ impl TraceStore for RedisTraces {
                 None => by_trace.push((e.trace_id.clone(), vec![e])),
             }
         }
-        let pipes: Vec<redis::Pipeline> = by_trace
+        let pipes: Vec<(Arc<str>, redis::Pipeline, u64)> = by_trace
             .iter()
-            .map(|(t, evs)| self.record_pipe(t, evs))
+            .map(|(t, evs)| {
+                let (p, bytes) = self.record_pipe(t, evs);
+                (t.clone(), p, bytes)
+            })
             .collect();
         let results: Vec<Result<(), StoreError>> = futures_util::stream::iter(pipes)
-            .map(|p| async move {
+            .map(|(t, p, bytes)| async move {
                 let mut c = self.redis.conn();
-                check("traces", "trace record", p.query_async::<()>(&mut c).await)
+                check("traces", "trace record", p.query_async::<()>(&mut c).await)?;
+                self.account(&t, bytes, false).await
             })
             .buffer_unordered(16)
             .collect()
@@ -479,10 +595,14 @@ impl TraceStore for RedisTraces {
                 p.hset(&key, format!("h:{}", tc.node), if ack { "1" } else { "0" })
                     .ignore();
             }
+            // The counters are a few fields per node, counted up in place:
+            // what grows is the failures.
+            let mut bytes = 0;
             for f in &tc.failures {
                 let v = serde_json::to_string(f).unwrap_or_default();
-                p.hset(&key, format!("f:{}|{}", f.user_id, f.device_id), v)
-                    .ignore();
+                let field = format!("f:{}|{}", f.user_id, f.device_id);
+                bytes += (field.len() + v.len()) as u64 + FIELD_OVERHEAD;
+                p.hset(&key, field, v).ignore();
             }
             p.cmd("EXPIRE")
                 .arg(&key)
@@ -491,6 +611,9 @@ impl TraceStore for RedisTraces {
                 .ignore();
             let mut c = self.redis.conn();
             check("traces", "trace count", p.query_async::<()>(&mut c).await)?;
+            if bytes > 0 {
+                self.account(&tc.trace_id, bytes, false).await?;
+            }
         }
         Ok(())
     }
