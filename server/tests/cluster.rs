@@ -1559,3 +1559,81 @@ async fn a_stranger_holding_node_port_sockets_loses_no_push() {
         "the flood's thread ends once told to"
     );
 }
+
+/// A route refresh works from a snapshot of the node's connections and takes
+/// a while for many. A device that moved to another node meanwhile keeps its
+/// new row (the refresh does not write the old one back over it), and one
+/// that closed meanwhile does not get its row back: otherwise pushes from
+/// other nodes go to the old node until the TTL or the other node's refresh.
+#[tokio::test]
+async fn a_route_refresh_writes_no_row_back_over_a_newer_bind_or_for_a_closed_connection() {
+    use mpush_protocol::session::{ClientType, DeviceInfo, Profile};
+    use mpush_server::redis_conn::RedisHandle;
+    use mpush_server::route::{
+        ConnHandle, ConnInfo, ConnQueue, RedisRoutes, RouteStore, Router, Transport,
+    };
+    use std::sync::Arc;
+
+    let redis = Redis::start(free_port()).await;
+    let router = |node: &str, handle: RedisHandle| {
+        let table: Arc<dyn RouteStore> = Arc::new(RedisRoutes::new(handle, 90));
+        Router::new(node.into(), Some(table))
+    };
+    let url = redis.url();
+    let connect = || RedisHandle::connect(&url, Duration::from_secs(2), None);
+    let a = router("A", connect().await.expect("redis"));
+    let b = router("B", connect().await.expect("redis"));
+    let handle = |id: u64| {
+        let device = DeviceInfo {
+            device_id: format!("device-{id}"),
+            os_name: "android".into(),
+            os_version: "14".into(),
+            client_version: "1.0".into(),
+        };
+        ConnHandle {
+            info: Arc::new(ConnInfo::new(id, &device, Profile::V2, Transport::Tcp, 0)),
+            tx: Arc::new(ConnQueue::new(8)),
+        }
+    };
+    let row = |user: &str| {
+        let redis = &redis;
+        let key = format!("mp:ur:{user}");
+        async move {
+            match redis
+                .query(&["HGET", &key, &ClientType::Mobile.code().to_string()])
+                .await
+            {
+                redis::Value::BulkString(v) => Some(String::from_utf8_lossy(&v).into_owned()),
+                redis::Value::Nil => None,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+
+    let (moved, closed, stays): (Arc<str>, Arc<str>, Arc<str>) =
+        ("moved".into(), "closed".into(), "stays".into());
+    a.bind(&moved, handle(1)).await.1.expect("bound");
+    a.bind(&closed, handle(2)).await.1.expect("bound");
+    a.bind(&stays, handle(3)).await.1.expect("bound");
+    let snapshot = a.local().snapshot();
+    // Meanwhile: the first device reconnects to B, the second closes, and
+    // Redis loses the third's row (a restart).
+    a.local().unbind(&moved, 1);
+    let (_, replaced) = b.bind(&moved, handle(9)).await;
+    assert!(replaced.expect("bound").is_some_and(|r| r.node == "A"));
+    a.unbind(&closed, ClientType::Mobile, 2).await;
+    redis.query(&["DEL", "mp:ur:stays"]).await;
+
+    assert_eq!(a.refresh_from(snapshot).await, 0, "nothing failed");
+    let moved_row = row("moved").await.expect("B's row");
+    assert!(moved_row.contains("\"mark\":\"B#9\""), "{moved_row}");
+    assert_eq!(row("closed").await, None, "no row for a closed connection");
+    let stays_row = row("stays").await.expect("written back");
+    assert!(stays_row.contains("\"mark\":\"A#3\""), "{stays_row}");
+    // And the routes resolve as they are.
+    let targets = a.resolve(&moved, None).await.expect("resolves");
+    assert!(
+        matches!(&targets[..], [mpush_server::route::Target::Remote(r)] if r.node == "B"),
+        "{targets:?}"
+    );
+}

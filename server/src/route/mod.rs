@@ -202,8 +202,19 @@ pub trait RouteStore: Send + Sync + 'static {
     /// Many users at once, for delivery: one round trip per batch, not one
     /// per user; the routes may leave out the device's details (`device`).
     async fn lookup_many(&self, users: &[Arc<str>]) -> Result<Vec<Vec<Route>>, RouteError>;
-    /// Keeps this node's routes alive (their TTL).
-    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize;
+    /// Keeps this node's routes alive (their TTL): writes each one back if
+    /// its row is gone or still names its connection, never over a row of
+    /// another connection.
+    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> Renewed;
+}
+
+/// What a route refresh did.
+#[derive(Debug, Default)]
+pub struct Renewed {
+    /// The routes written back.
+    pub written: Vec<(Arc<str>, Route)>,
+    /// Routes that could not be written (the table is down).
+    pub failed: usize,
 }
 
 /// Where one copy of a message goes.
@@ -383,14 +394,22 @@ impl Router {
         }
     }
 
-    /// Renews the TTL of this node's routes in the table.
+    /// Renews the TTL of this node's routes in the table; how many could
+    /// not be written.
     pub async fn refresh(&self) -> usize {
+        self.refresh_from(self.local.snapshot()).await
+    }
+
+    /// `refresh` of a snapshot of this node's connections. A connection of
+    /// the snapshot may have closed before its route was written back (a
+    /// refresh of many routes takes a while): a route written back for a
+    /// connection no longer bound here is removed again, so that it does not
+    /// send pushes here until its TTL.
+    pub async fn refresh_from(&self, snapshot: Vec<(Arc<str>, ConnHandle)>) -> usize {
         let Some(t) = &self.table else {
             return 0;
         };
-        let routes = self
-            .local
-            .snapshot()
+        let routes = snapshot
             .into_iter()
             .map(|(user, h)| {
                 let route = Route {
@@ -403,7 +422,19 @@ impl Router {
                 (user, route)
             })
             .collect();
-        t.refresh(routes).await
+        let renewed = t.refresh(routes).await;
+        for (user, route) in renewed.written {
+            let here = self
+                .local
+                .lookup(&user)
+                .iter()
+                .any(|h| h.info.id == route.conn_id);
+            if !here {
+                t.unbind(&user, route.client_type, &route.node, route.conn_id)
+                    .await;
+            }
+        }
+        renewed.failed
     }
 }
 
@@ -458,8 +489,8 @@ mod tests {
             }
             Ok(out)
         }
-        async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
-            routes.len()
+        async fn refresh(&self, _: Vec<(Arc<str>, Route)>) -> Renewed {
+            Renewed::default()
         }
     }
 

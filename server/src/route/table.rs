@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
-use super::{Route, RouteError, RouteStore};
+use super::{Renewed, Route, RouteError, RouteStore};
 use crate::redis_conn::RedisHandle;
 
 /// Compare-and-delete of a route field: only if it still names this connection.
@@ -16,6 +16,17 @@ const DEL_ROUTE: &str = r"
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and string.find(v, ARGV[2], 1, true) then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0";
+
+/// Renewal of a route field: written (with the key's TTL) if the field is
+/// gone (a Redis restart lost it, or it expired) or still names this
+/// connection; a row of another connection (the device bound again here or
+/// on another node since the snapshot) is left alone. Returns 1 if written.
+const RENEW_ROUTE: &str = r"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and not string.find(v, ARGV[3], 1, true) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1";
 
 pub struct RedisRoutes {
     redis: RedisHandle,
@@ -160,28 +171,34 @@ impl RouteStore for RedisRoutes {
             .collect())
     }
 
-    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> usize {
-        let ttl = self.ttl_secs as i64;
+    async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> Renewed {
+        let ttl = self.ttl_secs;
         let writes = routes.into_iter().map(|(user, route)| {
             let redis = self.redis.clone();
             async move {
-                let k = key(&user);
                 let mut c = redis.conn();
-                redis::pipe()
-                    .hset(&k, route.client_type.code(), value(&route))
-                    .ignore()
-                    .expire(&k, ttl)
-                    .ignore()
-                    .query_async::<()>(&mut c)
-                    .await
+                let r: redis::RedisResult<i64> = redis::Script::new(RENEW_ROUTE)
+                    .key(key(&user))
+                    .arg(route.client_type.code())
+                    .arg(value(&route))
+                    .arg(format!("\"mark\":\"{}#{}\"", route.node, route.conn_id))
+                    .arg(ttl)
+                    .invoke_async(&mut c)
+                    .await;
+                (user, route, r)
             }
         });
-        // One small pipeline per user key (one slot each on a Redis Cluster),
-        // many in flight at once.
-        futures_util::stream::iter(writes)
-            .buffer_unordered(32)
-            .filter(|r| std::future::ready(r.is_err()))
-            .count()
-            .await
+        // One script per user key (one slot each on a Redis Cluster), many
+        // in flight at once.
+        let mut out = Renewed::default();
+        let mut all = futures_util::stream::iter(writes).buffer_unordered(32);
+        while let Some((user, route, r)) = all.next().await {
+            match r {
+                Ok(1) => out.written.push((user, route)),
+                Ok(_) => {}
+                Err(_) => out.failed += 1,
+            }
+        }
+        out
     }
 }
