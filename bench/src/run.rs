@@ -120,6 +120,36 @@ fn free_port() -> Result<u16> {
     bail!("no free loopback port in {FIRST}..{low}")
 }
 
+/// A process the bench started exited before it served: its port was taken
+/// between [`free_port`]'s check and its bind.
+#[derive(Debug)]
+struct ExitedAtStart(String);
+
+impl std::fmt::Display for ExitedAtStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} exited at start", self.0)
+    }
+}
+
+impl std::error::Error for ExitedAtStart {}
+
+/// Runs `start` (which picks its own free ports) again, up to twice, when
+/// what it started exited at start.
+async fn on_free_ports<T, F: Future<Output = Result<T>>>(
+    mut start: impl FnMut() -> F,
+) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match start().await {
+            Err(e) if tries < 2 && e.is::<ExitedAtStart>() => {
+                eprintln!("{e:#}; starting it again on other ports");
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Resident memory of a process, in KiB.
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -176,16 +206,7 @@ struct Redis {
 }
 
 async fn start_redis() -> Result<Redis> {
-    let mut tries = 0;
-    loop {
-        match start_redis_on(free_port()?).await {
-            Err(e) if tries < 2 && e.to_string().contains("exited at start") => {
-                eprintln!("{e:#}; starting it again on another port");
-                tries += 1;
-            }
-            r => return r,
-        }
-    }
+    on_free_ports(|| async { start_redis_on(free_port()?).await }).await
 }
 
 async fn start_redis_on(port: u16) -> Result<Redis> {
@@ -198,7 +219,7 @@ async fn start_redis_on(port: u16) -> Result<Redis> {
         .context("redis-server (apt-get install redis-server)")?;
     for _ in 0..200 {
         if let Some(status) = child.try_wait()? {
-            bail!("redis-server exited at start ({status}) on port {port}");
+            return Err(ExitedAtStart(format!("redis-server ({status}, port {port})")).into());
         }
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -226,20 +247,11 @@ async fn start_server_with(
     cpus: Option<&str>,
     env: &[(&str, &str)],
 ) -> Result<Server> {
-    // A port can still be taken between the check and the server's bind (by
-    // another program): a server that exits at start is started again on
-    // other ports.
-    let mut tries = 0;
-    loop {
+    on_free_ports(|| async {
         let ports = (free_port()?, free_port()?, free_port()?);
-        match start_server_on(bin, cluster, cpus, env, ports).await {
-            Err(e) if tries < 2 && e.to_string().contains("exited at start") => {
-                eprintln!("{e:#}; starting it again on other ports");
-                tries += 1;
-            }
-            r => return r,
-        }
-    }
+        start_server_on(bin, cluster, cpus, env, ports).await
+    })
+    .await
 }
 
 /// `start_server_with` on these ports (TCP, WebSocket, HTTP): a restart
@@ -296,7 +308,8 @@ async fn start_server_on(
     let client = reqwest::Client::new();
     for _ in 0..200 {
         if let Some(status) = child.try_wait()? {
-            bail!("mpush-server exited at start ({status}) on ports {tcp}, {ws}, {http}");
+            let what = format!("mpush-server ({status}, ports {tcp}, {ws}, {http})");
+            return Err(ExitedAtStart(what).into());
         }
         if client.get(format!("{api}/healthz")).send().await.is_ok() {
             return Ok(Server {
@@ -330,16 +343,7 @@ async fn start_ideal_with(
     cpus: Option<&str>,
     tls: Option<(&Path, &Path)>,
 ) -> Result<Ideal> {
-    let mut tries = 0;
-    loop {
-        match start_ideal_once(me, cpus, tls).await {
-            Err(e) if tries < 2 && e.to_string().contains("did not listen") => {
-                eprintln!("{e:#}; starting it again on another port");
-                tries += 1;
-            }
-            r => return r,
-        }
-    }
+    on_free_ports(|| start_ideal_once(me, cpus, tls)).await
 }
 
 async fn start_ideal_once(
@@ -365,6 +369,9 @@ async fn start_ideal_once(
         .await
         .context("the ideal server did not start")??
         .unwrap_or_default();
+    if first.is_empty() {
+        return Err(ExitedAtStart(format!("the ideal server (on {addr})")).into());
+    }
     if !first.contains("listening") {
         bail!("the ideal server did not listen: {first}");
     }
@@ -1870,4 +1877,54 @@ pub async fn run(a: RunArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A start whose process exited is tried again on other ports, twice at
+    /// most; any other failure is not.
+    #[tokio::test]
+    async fn a_process_that_exited_at_start_is_started_again_twice_at_most() {
+        let calls = std::cell::Cell::new(0);
+        let exits = |ok_on: u32| {
+            let calls = &calls;
+            move || async move {
+                calls.set(calls.get() + 1);
+                if calls.get() < ok_on {
+                    Err(ExitedAtStart("redis-server (port 1)".into()).into())
+                } else {
+                    Ok(calls.get())
+                }
+            }
+        };
+        assert_eq!(on_free_ports(exits(3)).await.expect("third start"), 3);
+        calls.set(0);
+        let e = on_free_ports(exits(4)).await.expect_err("gives up");
+        assert!(e.is::<ExitedAtStart>(), "{e}");
+        assert_eq!(calls.get(), 3);
+        calls.set(0);
+        let other = on_free_ports(|| async {
+            calls.set(calls.get() + 1);
+            Err::<(), _>(anyhow::anyhow!("did not answer /healthz"))
+        })
+        .await;
+        assert!(other.is_err());
+        assert_eq!(calls.get(), 1, "not an exit: not tried again");
+    }
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_differ() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32_768);
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a port")).collect();
+        if low > 11_000 {
+            assert!(ports.iter().all(|p| *p < low), "{ports:?}");
+        }
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    }
 }

@@ -21,7 +21,7 @@ pub fn rng() -> mpush_protocol::crypto::Rng {
     rand_core::SeedableRng::from_seed(seed())
 }
 
-/// A random lowercase hex id of `n` bytes (at most 32).
+/// A random lowercase hex id of `n` bytes.
 ///
 /// From a ChaCha20 generator per thread, seeded from the OS once: a push's
 /// trace id no longer costs a `getrandom` system call (about 1 % of the
@@ -31,9 +31,8 @@ pub fn random_hex(n: usize) -> String {
         static IDS: std::cell::RefCell<mpush_protocol::crypto::Rng> =
             std::cell::RefCell::new(rng());
     }
-    let mut b = [0u8; 32];
-    let b = &mut b[..n.min(32)];
-    IDS.with_borrow_mut(|r| rand_core::Rng::fill_bytes(r, b));
+    let mut b = vec![0u8; n];
+    IDS.with_borrow_mut(|r| rand_core::Rng::fill_bytes(r, &mut b));
     hex::encode(b)
 }
 
@@ -66,5 +65,6 @@ mod tests {
         let all: std::collections::HashSet<_> = here.iter().chain(&there).collect();
         assert_eq!(all.len(), 200, "each thread's generator has its own seed");
         assert_eq!(random_hex(6).len(), 12);
+        assert_eq!(random_hex(40).len(), 80);
     }
 }

@@ -70,6 +70,13 @@ impl Connections {
             .unwrap_or_default()
     }
 
+    /// Whether `user` is bound here through connection `conn_id`.
+    pub fn holds(&self, user: &str, conn_id: u64) -> bool {
+        self.users
+            .get(user)
+            .is_some_and(|r| r.iter().any(|h| h.info.id == conn_id))
+    }
+
     /// Bound connections.
     pub fn len(&self) -> usize {
         self.bound.load(Ordering::Relaxed)

@@ -424,12 +424,7 @@ impl Router {
             .collect();
         let renewed = t.refresh(routes).await;
         for (user, route) in renewed.written {
-            let here = self
-                .local
-                .lookup(&user)
-                .iter()
-                .any(|h| h.info.id == route.conn_id);
-            if !here {
+            if !self.local.holds(&user, route.conn_id) {
                 t.unbind(&user, route.client_type, &route.node, route.conn_id)
                     .await;
             }

@@ -21,12 +21,16 @@ return 0";
 /// gone (a Redis restart lost it, or it expired) or still names this
 /// connection; a row of another connection (the device bound again here or
 /// on another node since the snapshot) is left alone. Returns 1 if written.
-const RENEW_ROUTE: &str = r"
+static RENEW_ROUTE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and not string.find(v, ARGV[3], 1, true) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1";
+return 1",
+    )
+});
 
 pub struct RedisRoutes {
     redis: RedisHandle,
@@ -177,7 +181,7 @@ impl RouteStore for RedisRoutes {
             let redis = self.redis.clone();
             async move {
                 let mut c = redis.conn();
-                let r: redis::RedisResult<i64> = redis::Script::new(RENEW_ROUTE)
+                let r: redis::RedisResult<i64> = RENEW_ROUTE
                     .key(key(&user))
                     .arg(route.client_type.code())
                     .arg(value(&route))

@@ -222,7 +222,9 @@ const FIELD_OVERHEAD: u64 = 100;
 /// ms; forgets indexed traces created before `ARGV[2]` (expired); then, while
 /// the shard is over `ARGV[5]` bytes, takes out its oldest traces (64 at
 /// most per call) and returns their ids for deletion.
-const TRACE_ACCOUNT: &str = r#"
+static TRACE_ACCOUNT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(TRACE_ACCOUNT_LUA));
+const TRACE_ACCOUNT_LUA: &str = r#"
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, 32)
 for _, g in ipairs(gone) do
@@ -443,7 +445,7 @@ impl RedisTraces {
         let horizon = now
             .saturating_sub(i64::try_from(self.ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
         let mut c = self.redis.conn();
-        let res: redis::RedisResult<Vec<String>> = redis::Script::new(TRACE_ACCOUNT)
+        let res: redis::RedisResult<Vec<String>> = TRACE_ACCOUNT
             .key(format!("mp:traces:{{t{shard}}}:idx"))
             .key(format!("mp:traces:{{t{shard}}}:w"))
             .key(format!("mp:traces:{{t{shard}}}:sum"))
