@@ -15,6 +15,7 @@ pub mod tags;
 
 use mpush_protocol::session::ClientType;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use mpush_protocol::server::OutboundPush;
@@ -230,6 +231,9 @@ pub struct Router {
     local: Arc<Connections>,
     /// `None` in the embedded default: `local` is the whole table.
     table: Option<Arc<dyn RouteStore>>,
+    /// Set by `withdraw` (a drain): from then on this node writes no route
+    /// into the table, and a write that raced the withdraw is taken back.
+    withdrawn: AtomicBool,
 }
 
 impl Router {
@@ -238,7 +242,13 @@ impl Router {
             node_id,
             local: Arc::new(Connections::default()),
             table,
+            withdrawn: AtomicBool::new(false),
         }
+    }
+
+    /// Whether this node's routes were withdrawn (it drains).
+    fn is_withdrawn(&self) -> bool {
+        self.withdrawn.load(Ordering::SeqCst)
     }
 
     pub fn node_id(&self) -> &str {
@@ -274,10 +284,20 @@ impl Router {
         };
         let replaced = self.local.bind(user, handle);
         let remote = match &self.table {
-            Some(t) => t
-                .bind(user, route)
-                .await
-                .map(|old| old.filter(|o| o.node != self.node_id)),
+            // A draining node sends no one here: the device is bound for
+            // the drain's redirect only, and a push to it meanwhile goes
+            // to its inbox as for the routes the drain withdrew.
+            Some(_) if self.is_withdrawn() => Ok(None),
+            Some(t) => {
+                let (client_type, conn_id) = (route.client_type, route.conn_id);
+                let old = t.bind(user, route).await;
+                if self.is_withdrawn() {
+                    // The drain began while this row was being written:
+                    // its withdraw may have come before the row.
+                    t.unbind(user, client_type, &self.node_id, conn_id).await;
+                }
+                old.map(|old| old.filter(|o| o.node != self.node_id))
+            }
             None => Ok(None),
         };
         (replaced, remote)
@@ -385,7 +405,10 @@ impl Router {
 
     /// Removes every route of this node from the table (the start of a drain):
     /// other nodes stop sending here; the connections stay until they close.
+    /// From then on, no bind or route refresh of this node writes a route
+    /// (one that was under way is taken back when it ends).
     pub async fn withdraw(&self) {
+        self.withdrawn.store(true, Ordering::SeqCst);
         if let Some(t) = &self.table {
             for (user, h) in self.local.snapshot() {
                 t.unbind(&user, h.info.client_type, &self.node_id, h.info.id)
@@ -405,10 +428,16 @@ impl Router {
     /// refresh of many routes takes a while): a route written back for a
     /// connection no longer bound here is removed again, so that it does not
     /// send pushes here until its TTL.
+    ///
+    /// A drained node refreshes nothing, and a refresh under way when the
+    /// drain withdrew the routes removes every route it wrote back.
     pub async fn refresh_from(&self, snapshot: Vec<(Arc<str>, ConnHandle)>) -> usize {
         let Some(t) = &self.table else {
             return 0;
         };
+        if self.is_withdrawn() {
+            return 0;
+        }
         let routes = snapshot
             .into_iter()
             .map(|(user, h)| {
@@ -423,8 +452,9 @@ impl Router {
             })
             .collect();
         let renewed = t.refresh(routes).await;
+        let withdrawn = self.is_withdrawn();
         for (user, route) in renewed.written {
-            if !self.local.holds(&user, route.conn_id) {
+            if withdrawn || !self.local.holds(&user, route.conn_id) {
                 t.unbind(&user, route.client_type, &route.node, route.conn_id)
                     .await;
             }
@@ -484,8 +514,19 @@ mod tests {
             }
             Ok(out)
         }
-        async fn refresh(&self, _: Vec<(Arc<str>, Route)>) -> Renewed {
-            Renewed::default()
+        /// Waits at the gate too, then writes every route back (as the
+        /// real tables do where the row is gone).
+        async fn refresh(&self, routes: Vec<(Arc<str>, Route)>) -> Renewed {
+            self.reading.notify_one();
+            self.gate.notified().await;
+            let mut rows = self.rows.lock();
+            for (user, route) in &routes {
+                rows.insert((user.to_string(), route.client_type), route.clone());
+            }
+            Renewed {
+                written: routes,
+                failed: 0,
+            }
         }
     }
 
@@ -535,5 +576,42 @@ mod tests {
                 "the new route stays in the table (many: {many})"
             );
         }
+    }
+
+    /// A drain withdraws this node's routes while a route refresh is
+    /// writing them back: nothing of this node stays in the table, and
+    /// neither a later refresh nor a later bind writes a row.
+    #[tokio::test]
+    async fn a_refresh_racing_a_drain_leaves_no_route_of_the_draining_node() {
+        let table = Arc::new(GatedTable::default());
+        let router = Arc::new(Router::new("a".into(), Some(table.clone())));
+        let (u1, u2): (Arc<str>, Arc<str>) = ("u1".into(), "u2".into());
+        router.bind(&u1, handle(1)).await.1.expect("binds");
+        router.bind(&u2, handle(2)).await.1.expect("binds");
+        assert_eq!(table.rows.lock().len(), 2);
+        let refreshing = tokio::spawn({
+            let router = router.clone();
+            async move { router.refresh().await }
+        });
+        // The refresh took its snapshot and is writing: the drain starts.
+        table.reading.notified().await;
+        router.withdraw().await;
+        assert!(table.rows.lock().is_empty(), "the withdraw removed them");
+        table.gate.notify_one();
+        assert_eq!(refreshing.await.expect("joins"), 0);
+        assert!(
+            table.rows.lock().is_empty(),
+            "the refresh took back what it wrote after the withdraw"
+        );
+        // Later ones write nothing (the refresh would wait at the gate if
+        // it went to the table; it must not).
+        assert_eq!(router.refresh().await, 0);
+        let (replaced, remote) = router.bind(&"u3".into(), handle(3)).await;
+        assert!(replaced.is_none() && matches!(remote, Ok(None)));
+        assert!(
+            table.rows.lock().is_empty(),
+            "a draining node binds locally only"
+        );
+        assert_eq!(router.local().len(), 3, "the connections stay bound here");
     }
 }
