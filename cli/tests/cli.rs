@@ -8,6 +8,10 @@ use std::time::Duration;
 use mpush_server::Settings;
 use serde_json::Value;
 
+#[path = "../../server/tests/common/ports.rs"]
+mod ports;
+use ports::free_port;
+
 const MPUSH: &str = env!("CARGO_BIN_EXE_mpush");
 
 async fn start(tokens: Vec<String>) -> mpush_server::Running {
@@ -221,12 +225,6 @@ async fn errors_have_clear_messages_and_exit_codes() {
     assert_eq!(out.status.code(), Some(2), "usage errors");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
 
 /// `mpush send` up-pushes arrive at `mpush webhook-listen` (through the
 /// server's webhook sink, signed); the backend commands work end to end.
