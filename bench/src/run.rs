@@ -414,6 +414,7 @@ struct Totals {
     bound: u64,
     connected: u64,
     resumed: u64,
+    dropped: u64,
     failed: u64,
     errors: Vec<String>,
 }
@@ -565,6 +566,7 @@ impl Workers {
             t.bound += n("bound");
             t.connected += n("connected");
             t.resumed += n("resumed");
+            t.dropped += n("dropped");
             t.failed += n("failed");
             if let Some(e) = v["errors"].as_array() {
                 t.errors
@@ -987,8 +989,17 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     .await?;
     w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
     let handshake_cpu = cpu_secs(pid) - c0;
-    // Fast connects: every client reconnects with its ticket.
-    eprintln!("cpu: fast connects");
+    // Fast connects: every client drops its connection (the server's close
+    // is measured alone: the ideal's accept closes nothing), then comes back
+    // with its ticket.
+    eprintln!("cpu: closes, then fast connects");
+    let c_close = cpu_secs(pid);
+    w.all("disconnect").await?;
+    w.wait("disconnect", s.timeout, |t| t.dropped >= n as u64)
+        .await?;
+    // Let the server see every close and unbind.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let close_cpu = cpu_secs(pid) - c_close;
     let c1 = cpu_secs(pid);
     w.all("reconnect").await?;
     w.wait("fast connect", s.timeout, |t| t.connected >= 2 * n as u64)
@@ -1139,6 +1150,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency},
         "fast_connect_cpu_us": us(fast_cpu, n),
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
+        "close_cpu_us": us(close_cpu, n),
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
         "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
         "broadcast_condition": {"broadcasts": cond_n, "condition": BENCH_CONDITION, "cpu_us_per_delivery": us(cond_cpu, cond_n * n)},
@@ -1690,11 +1702,12 @@ fn print_report(r: &Value) {
     let c = &r["cpu"];
     if !c.is_null() {
         println!(
-            "server on one core, {} connections: handshake {:.0} us, fast connect {:.1} us ({:.0}/core-s); broadcast CPU/delivery {:.2} us back to back (ideal {:.2}), {:.2} us one at a time (ideal {:.2}), {:.2} us rate-limited; RSS {} KB idle, {:.2}x after {} deliveries",
+            "server on one core, {} connections: handshake {:.0} us, fast connect {:.1} us ({:.0}/core-s), close {:.1} us; broadcast CPU/delivery {:.2} us back to back (ideal {:.2}), {:.2} us one at a time (ideal {:.2}), {:.2} us rate-limited; RSS {} KB idle, {:.2}x after {} deliveries",
             c["conns"],
             f(&c["handshake_cpu_us"]),
             f(&c["fast_connect_cpu_us"]),
             f(&c["fast_connects_per_core_s"]),
+            f(&c["close_cpu_us"]),
             f(&c["broadcast_back_to_back"]["cpu_us_per_delivery"]),
             f(&c["ideal_back_to_back_cpu_us_per_delivery"]),
             f(&c["broadcast_one_at_a_time"]["cpu_us_per_delivery"]),

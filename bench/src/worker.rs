@@ -143,6 +143,9 @@ struct Shared {
     failed: AtomicU64,
     resumed: AtomicU64,
     connected: AtomicU64,
+    /// Protocol clients that dropped their connection on `disconnect` and
+    /// wait for the next `reconnect`.
+    dropped: AtomicU64,
     hist: Mutex<Histogram<u64>>,
     errors: Mutex<Vec<String>>,
 }
@@ -287,14 +290,24 @@ fn client_config(args: &WorkerArgs, i: usize, timeout: Duration) -> Arc<ClientCo
     Arc::new(cfg)
 }
 
+/// A round of the protocol clients: its number, and whether the clients
+/// stay away after dropping their connection (`disconnect`) until the next
+/// round (`reconnect`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    n: u64,
+    hold: bool,
+}
+
 /// One protocol client: connect (fast connect when it has a ticket), bind,
-/// count messages; on each `reconnect` round, drop the socket and come back.
+/// count messages; on each `reconnect` round, drop the socket and come back;
+/// on `disconnect`, drop it and wait for the next `reconnect`.
 async fn protocol_client(
     i: usize,
     args: Arc<WorkerArgs>,
     shared: Arc<Shared>,
     gate: Arc<Semaphore>,
-    mut rounds: watch::Receiver<u64>,
+    mut rounds: watch::Receiver<Round>,
 ) {
     let src = args.src[(i / 20_000) % args.src.len().max(1)];
     let user = format!("u{}", args.first + i);
@@ -302,7 +315,7 @@ async fn protocol_client(
     let mut ticket: Option<ResumeTicket> = None;
     let mut dedup = DedupWindow::new(64);
     let mut buf = vec![0u8; 4096];
-    let mut round = *rounds.borrow_and_update();
+    let mut round = rounds.borrow_and_update().n;
     let tls = match tls_connector(&args) {
         Ok(t) => t,
         Err(e) => return shared.fail(format!("TLS: {e}")),
@@ -386,7 +399,20 @@ async fn protocol_client(
         };
         dedup = m.take_dedup();
         drop(io);
-        round = next;
+        round = next.n;
+        if next.hold {
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            loop {
+                if rounds.changed().await.is_err() {
+                    return;
+                }
+                let r = *rounds.borrow_and_update();
+                if !r.hold {
+                    round = r.n;
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -569,6 +595,7 @@ fn stats(shared: &Shared) -> serde_json::Value {
         "bound": shared.bound.load(Ordering::Relaxed),
         "connected": shared.connected.load(Ordering::Relaxed),
         "resumed": shared.resumed.load(Ordering::Relaxed),
+        "dropped": shared.dropped.load(Ordering::Relaxed),
         "failed": shared.failed.load(Ordering::Relaxed),
         "errors": shared.errors.lock().map(|v| v.clone()).unwrap_or_default(),
         "hist": hist.iter().map(|b| format!("{b:02x}")).collect::<String>(),
@@ -576,7 +603,7 @@ fn stats(shared: &Shared) -> serde_json::Value {
 }
 
 /// Runs the worker: opens the connections, then answers `stats`,
-/// `reconnect` and `quit` on stdin with JSON lines on stdout.
+/// `reconnect`, `disconnect` and `quit` on stdin with JSON lines on stdout.
 pub async fn run(args: WorkerArgs) -> Result<()> {
     let args = Arc::new(args);
     let shared = Arc::new(Shared {
@@ -587,11 +614,12 @@ pub async fn run(args: WorkerArgs) -> Result<()> {
         failed: AtomicU64::new(0),
         resumed: AtomicU64::new(0),
         connected: AtomicU64::new(0),
+        dropped: AtomicU64::new(0),
         hist: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         errors: Mutex::new(Vec::new()),
     });
     let gate = Arc::new(Semaphore::new(args.concurrency.max(1)));
-    let (round_tx, round_rx) = watch::channel(0u64);
+    let (round_tx, round_rx) = watch::channel(Round::default());
     for i in 0..args.conns {
         let (a, s, g) = (args.clone(), shared.clone(), gate.clone());
         if args.transport == Transport::Ideal {
@@ -608,8 +636,18 @@ pub async fn run(args: WorkerArgs) -> Result<()> {
         let reply = match line.trim() {
             "stats" => stats(&shared),
             "reconnect" => {
-                round_tx.send_modify(|r| *r += 1);
+                round_tx.send_modify(|r| {
+                    r.n += 1;
+                    r.hold = false;
+                });
                 json!({"event": "reconnecting"})
+            }
+            "disconnect" => {
+                round_tx.send_modify(|r| {
+                    r.n += 1;
+                    r.hold = true;
+                });
+                json!({"event": "disconnecting"})
             }
             "quit" => break,
             other => json!({"event": "error", "message": format!("unknown command {other}")}),
