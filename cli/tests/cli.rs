@@ -225,7 +225,6 @@ async fn errors_have_clear_messages_and_exit_codes() {
     assert_eq!(out.status.code(), Some(2), "usage errors");
 }
 
-
 /// `mpush send` up-pushes arrive at `mpush webhook-listen` (through the
 /// server's webhook sink, signed); the backend commands work end to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
