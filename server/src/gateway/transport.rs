@@ -4,13 +4,16 @@
 use std::future::Future;
 use std::io;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+
+/// The room one read of a TCP or TLS socket may fill.
+const READ_CHUNK: usize = 8192;
 
 pub enum Incoming {
     Data(Bytes),
@@ -48,16 +51,16 @@ impl Transport for Tcp {
         // Polled readiness, not `readable().await`: the idle connection's task
         // then holds no 152-byte readiness future, only its waker in the
         // socket's registration. The buffer lives only inside one poll.
+        // Read into the spare room of a fresh buffer: no 8 KiB stack buffer
+        // zeroed per read and no copy out of it.
         std::future::poll_fn(|cx| {
             loop {
                 std::task::ready!(self.0.poll_read_ready(cx))?;
-                let mut buf = [0u8; 8192];
-                match self.0.try_read(&mut buf) {
+                let mut buf = BytesMut::with_capacity(READ_CHUNK);
+                match self.0.try_read_buf(&mut buf) {
                     Ok(0) => return std::task::Poll::Ready(Ok(Incoming::Eof)),
-                    Ok(n) => {
-                        return std::task::Poll::Ready(Ok(Incoming::Data(Bytes::copy_from_slice(
-                            &buf[..n],
-                        ))));
+                    Ok(_) => {
+                        return std::task::Poll::Ready(Ok(Incoming::Data(buf.freeze())));
                     }
                     // Readiness was stale: poll again (registers the waker).
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -109,11 +112,11 @@ impl Transport for TlsTcp {
 
     async fn recv(&mut self) -> io::Result<Incoming> {
         // rustls keeps its own buffers per connection; this one only lives
-        // across the read.
-        let mut buf = [0u8; 8192];
-        match self.0.read(&mut buf).await? {
+        // across the read (its spare room is read into, not zeroed first).
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        match self.0.read_buf(&mut buf).await? {
             0 => Ok(Incoming::Eof),
-            n => Ok(Incoming::Data(Bytes::copy_from_slice(&buf[..n]))),
+            _ => Ok(Incoming::Data(buf.freeze())),
         }
     }
 
