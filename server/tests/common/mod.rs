@@ -500,6 +500,8 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 use std::process::{Child, Command, Stdio};
 
 mod ports;
+// Not every test crate that includes this module starts a process.
+#[allow(unused_imports)]
 pub use ports::free_port;
 
 /// A redis-server of this test's own, killed on drop.
