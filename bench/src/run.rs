@@ -85,40 +85,15 @@ impl Proc {
     }
 }
 
-/// A loopback port nothing listens on, for a process the bench starts.
-///
-/// Not one the kernel hands out for `127.0.0.1:0`: such a port is in the
-/// ephemeral range, and once released the next outgoing connection (the load
-/// clients open tens of thousands) may take it as its source port, so that the
-/// server started on it fails with "address in use" (seen in CI). Candidates
-/// are below that range, where the kernel never picks source ports, and rotate
-/// from an offset of this process's id so that two callers or two processes do
-/// not test the same one.
+/// A loopback port nothing listens on, for a process the bench starts: below
+/// the ephemeral range, where the load clients' outgoing connections never
+/// take it (a port from `127.0.0.1:0` was, in CI). Shared with the tests.
 fn free_port() -> Result<u16> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    const FIRST: u32 = 10_000;
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    if low <= FIRST + 1_000 {
-        // No room below the range: the kernel's choice, with its race.
-        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port());
-    }
-    let span = low - FIRST;
-    let offset = std::process::id().wrapping_mul(7_919);
-    for _ in 0..span.min(4_096) {
-        let n = offset.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
-        let port = u16::try_from(FIRST + n % span)?;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no free loopback port in {FIRST}..{low}")
+    Ok(ports::try_free_port()?)
 }
+
+#[path = "../../server/tests/common/ports.rs"]
+mod ports;
 
 /// A process the bench started exited before it served: its port was taken
 /// between [`free_port`]'s check and its bind.
@@ -450,6 +425,13 @@ impl Workers {
         first_user: usize,
     ) -> Result<Self> {
         Self::start_tls(me, targets, transport, legacy, conns, first_user, None).await
+    }
+
+    /// `conns` TCP v2 clients of one server, once every one is bound.
+    async fn bound_tcp(me: &Path, target: &str, conns: usize, timeout: Duration) -> Result<Self> {
+        let mut w = Self::start(me, &[target.to_owned()], Transport::Tcp, false, conns, 0).await?;
+        w.wait("bind", timeout, |t| t.bound >= conns as u64).await?;
+        Ok(w)
     }
 
     /// Storm clients (`worker --storm`): they come back on their own when
@@ -864,17 +846,7 @@ async fn broadcast(
 /// Scenario 3 and 4 on one server: unicast (batch, single, paced) and broadcast.
 async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let server = start_server(bin, None).await?;
-    let mut w = Workers::start(
-        me,
-        std::slice::from_ref(&server.tcp),
-        Transport::Tcp,
-        false,
-        s.conns,
-        0,
-    )
-    .await?;
-    let n = s.conns as u64;
-    w.wait("bind", s.timeout, |t| t.bound >= n).await?;
+    let mut w = Workers::bound_tcp(me, &server.tcp, s.conns, s.timeout).await?;
     let http = reqwest::Client::new();
 
     let (messages, batch_rate, batch_latency) =
@@ -978,16 +950,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let pid = server.child.id().unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let c0 = cpu_secs(pid);
-    let mut w = Workers::start(
-        me,
-        std::slice::from_ref(&server.tcp),
-        Transport::Tcp,
-        false,
-        n,
-        0,
-    )
-    .await?;
-    w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+    let mut w = Workers::bound_tcp(me, &server.tcp, n, s.timeout).await?;
     let handshake_cpu = cpu_secs(pid) - c0;
     // Fast connects: every client drops its connection (the server's close
     // is measured alone: the ideal's accept closes nothing), then comes back
@@ -1088,11 +1051,12 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // out higher than either server's alone (about a fifth, on both sides,
     // also with the other one stopped), so the ratio is taken from these
     // and the figures alone are reported beside them.
+    const BLOCK: usize = 5;
     let ideal_one = format!("broadcast 1 {PAYLOAD}");
     let (mut alt_cpu, mut ideal_one_cpu) = (0.0, 0.0);
     let mut measured = 0;
     while measured < one {
-        let block = (one - measured).min(5);
+        let block = (one - measured).min(BLOCK);
         for k in 0..=block {
             let c3 = cpu_secs(pid);
             broadcast_n(&mut w, &http, &url, s, n, 1).await?;
@@ -1127,7 +1091,8 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     drop(ideal);
 
     // The rest of the memory run: `s.rss_broadcasts` deliveries in all.
-    let done = back_to_back + 2 * one + one.div_ceil(5);
+    // Alone, alternating, and one warm-up per block.
+    let done = back_to_back + 2 * one + one.div_ceil(BLOCK);
     let mut left = s.rss_broadcasts.saturating_sub(done);
     while left > 0 {
         let k = left.min(back_to_back.max(1));
@@ -1148,16 +1113,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     )
     .await?;
     let lpid = limited.child.id().unwrap_or(0);
-    let mut w = Workers::start(
-        me,
-        std::slice::from_ref(&limited.tcp),
-        Transport::Tcp,
-        false,
-        n,
-        0,
-    )
-    .await?;
-    w.wait("bind", s.timeout, |t| t.bound >= n as u64).await?;
+    let mut w = Workers::bound_tcp(me, &limited.tcp, n, s.timeout).await?;
     let url = format!("{}/api/v1/broadcast", limited.api);
     let limited_n = (back_to_back / 2).max(1);
     let c4 = cpu_secs(lpid);
