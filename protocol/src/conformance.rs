@@ -73,6 +73,24 @@ impl Fields<'_> {
             .ok_or_else(|| Mismatch(format!("{}: field {key} is not an integer", self.name)))
     }
 
+    /// An integer field that later vectors added: absent is 0.
+    fn i_or0(&self, key: &str) -> Result<i64, Mismatch> {
+        match self.v.get(key) {
+            None => Ok(0),
+            Some(_) => self.i(key),
+        }
+    }
+
+    /// A boolean field that later vectors added: absent is false.
+    fn b_or_false(&self, key: &str) -> Result<bool, Mismatch> {
+        match self.v.get(key) {
+            None => Ok(false),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| Mismatch(format!("{}: field {key} is not a boolean", self.name))),
+        }
+    }
+
     fn hex(&self, key: &str) -> Result<Vec<u8>, Mismatch> {
         unhex(self.name, key, self.get(key)?)
     }
@@ -191,7 +209,8 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
                 Some(p) => Some(v2::ResumeProof {
                     capabilities: Some(v2::Capabilities {
                         profile: p.i("profile")? as u32,
-                        features: 0,
+                        // Vectors before ADR 0008 name no features.
+                        features: p.i_or0("features")? as u32,
                     }),
                     client_nonce: p.hex("clientNonce")?,
                     proof: p.hex("proof")?,
@@ -215,9 +234,11 @@ fn check_kind(name: &str, kind: &str, v: &Value, f: &Fields<'_>, hex: &[u8]) -> 
                 Some(a) => Some(v2::ResumeAccept {
                     server_nonce: a.hex("serverNonce")?,
                     proof: a.hex("proof")?,
-                    // Not in the vector (servers before single-use tickets).
-                    next_session_id: String::new(),
-                    next_expire_at_ms: 0,
+                    // Absent from vectors made before single-use tickets
+                    // (and before ADR 0008's `bound`).
+                    next_session_id: a.s("nextSessionId")?,
+                    next_expire_at_ms: a.i_or0("nextExpireAtMs")?,
+                    bound: a.b_or_false("bound")?,
                 }),
                 None => None,
             };

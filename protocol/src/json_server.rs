@@ -217,7 +217,10 @@ impl JsonServerConnection {
             } => self.on_bind_answer(request, user_id, result),
             Answer::Unbind { request, ok } => self.on_unbind_answer(request, ok),
             Answer::UpPush { reply, result } => self.on_up_push_answer(reply, result),
-            Answer::Decrypted(_) | Answer::Session(_) | Answer::Http { .. } => {}
+            Answer::Decrypted(_)
+            | Answer::Session(_)
+            | Answer::Restored(_)
+            | Answer::Http { .. } => {}
         }
     }
 

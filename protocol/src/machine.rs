@@ -49,6 +49,11 @@ pub trait ServerMachine: Send {
     fn close(&mut self);
     /// The answer to an event that asked for one (`Answer`).
     fn handle_answer(&mut self, answer: Answer, now: Instant);
+    /// ADR 0008: the session a binding is kept under, when the client and
+    /// the config keep bindings (never on the JSON form, which has none).
+    fn kept_session(&self) -> Option<String> {
+        None
+    }
 }
 
 impl ServerMachine for ServerConnection {
@@ -92,6 +97,9 @@ impl ServerMachine for ServerConnection {
     }
     fn handle_answer(&mut self, answer: Answer, now: Instant) {
         ServerConnection::handle_answer(self, answer, now);
+    }
+    fn kept_session(&self) -> Option<String> {
+        ServerConnection::kept_session(self)
     }
 }
 

@@ -272,6 +272,29 @@ pub struct SessionRecord {
     pub secret: SessionSecret,
     /// Unix milliseconds.
     pub expire_at_ms: i64,
+    /// The binding kept with the session (ADR 0008), restored on a fast
+    /// connect that negotiates `FEATURE_KEEP_BINDING`. Never on the wire.
+    pub binding: Option<KeptBinding>,
+}
+
+/// A binding kept with a session (ADR 0008): what a BIND that succeeded
+/// said, so a fast connect can bind again without one.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct KeptBinding {
+    pub user_id: String,
+    /// The tags the bind set (the client's, or the ones its token fixed).
+    pub tags: String,
+    /// Unix milliseconds when the bind token expires; 0: no token was
+    /// needed, no expiry but the session's.
+    pub expires_at_ms: i64,
+}
+
+impl KeptBinding {
+    /// Still good at `now_ms`: a binding whose token expired is not restored
+    /// (the client binds itself with a fresh token).
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms == 0 || self.expires_at_ms > now_ms
+    }
 }
 
 /// What the client keeps to fast-connect later (mpush's `token.dat`).
@@ -432,6 +455,7 @@ impl SessionRecord {
                 iv: parse_signed_bytes(iv)?,
             },
             expire_at_ms,
+            binding: None,
         })
     }
 }
@@ -499,6 +523,7 @@ mod tests {
                 iv: [1; 16],
             },
             expire_at_ms: 5,
+            binding: None,
         };
         let v = r.to_mpush_value().expect("legacy");
         assert!(v.starts_with("android,6.0,null,dev-1,-48|"));

@@ -155,6 +155,10 @@ pub struct Pair {
     pub server_config: Arc<ServerConfig>,
     /// The server's connections count as TLS (ADR 0005): `secure()`.
     pub secure_transport: bool,
+    /// How the simulated driver answers `RestoreRequested` (ADR 0008), and
+    /// whether it holds the answer back (the test answers).
+    pub restore_ok: bool,
+    pub hold_restore: bool,
     rng: Rng,
 }
 
@@ -239,6 +243,8 @@ impl Pair {
             client_config,
             server_config,
             secure_transport: false,
+            restore_ok: true,
+            hold_restore: false,
             rng,
         };
         pair.pump();
@@ -351,6 +357,15 @@ impl Pair {
                     BindPolicy::Accept => Ok(()),
                     BindPolicy::Refuse(r) => Err(BindRefusal::Unauthorized(r.clone())),
                 };
+                if result.is_ok()
+                    && let ServerEvent::BindRequested { tags, .. } = e
+                {
+                    self.keep(Some(crate::session::KeptBinding {
+                        user_id: user_id.clone(),
+                        tags: tags.clone(),
+                        expires_at_ms: 0,
+                    }));
+                }
                 let answer = Answer::Bind {
                     request: *request,
                     user_id: user_id.clone(),
@@ -358,7 +373,20 @@ impl Pair {
                 };
                 self.server.handle_answer(answer, self.now);
             }
+            ServerEvent::RestoreRequested { .. } if !self.hold_restore => {
+                if !self.restore_ok {
+                    self.keep(None);
+                }
+                self.server
+                    .handle_answer(Answer::Restored(self.restore_ok), self.now);
+            }
+            ServerEvent::ForgetBinding { session_id } => {
+                if let Some(s) = self.sessions.get_mut(session_id) {
+                    s.binding = None;
+                }
+            }
             ServerEvent::UnbindRequested { request, .. } => {
+                self.keep(None);
                 let answer = Answer::Unbind {
                     request: *request,
                     ok: true,
@@ -377,6 +405,15 @@ impl Pair {
                 self.server.handle_answer(answer, self.now);
             }
             _ => {}
+        }
+    }
+
+    /// ADR 0008: what the driver keeps with the connection's session.
+    fn keep(&mut self, binding: Option<crate::session::KeptBinding>) {
+        if let Some(id) = self.server.kept_session()
+            && let Some(s) = self.sessions.get_mut(&id)
+        {
+            s.binding = binding;
         }
     }
 

@@ -721,3 +721,202 @@ fn the_transport_profile_is_refused_on_a_connection_that_is_not_tls() {
     );
     assert!(!plain.server.is_established());
 }
+
+// ----- ADR 0008: a resumed session keeps its binding -----------------------
+
+/// A v2 pair whose server keeps bindings (`server_keeps`) and whose client
+/// asks for it (`client_keeps`), handshaken.
+fn keeping_pair(seed: u64, server_keeps: bool, client_keeps: bool) -> Pair {
+    use mpush_protocol::client::ClientConfig;
+    use mpush_protocol::server::ServerConfig;
+    use mpush_protocol::testing::{default_key, test_device};
+    let key = default_key();
+    let mut cc = ClientConfig::new(std::sync::Arc::new(key.public()), test_device());
+    cc.keep_binding = client_keeps;
+    let mut sc = ServerConfig::new(key);
+    sc.keep_binding = server_keeps;
+    let mut p = Pair::with_configs(seed, cc, sc, LinkFaults::perfect(), None);
+    assert!(p.run_until(5 * SEC, |p| connected(p).is_some()));
+    p
+}
+
+/// Drops the connection and fast-connects with the last ticket; the events
+/// of the new connection only.
+fn resume(p: &mut Pair) {
+    let ticket = p
+        .client_events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            ClientEvent::Connected {
+                ticket: Some(t), ..
+            } => Some(t.clone()),
+            _ => None,
+        })
+        .expect("a ticket");
+    p.reconnect(Some(ticket));
+    p.client_events.clear();
+    p.server_events.clear();
+    assert!(p.run_until(5 * SEC, |p| connected(p).is_some()));
+    assert!(connected(p).expect("connected").1, "resumed");
+}
+
+fn restore_asked(p: &Pair) -> usize {
+    server_count(p, |e| matches!(e, ServerEvent::RestoreRequested { .. }))
+}
+
+#[test]
+fn a_kept_binding_comes_back_with_the_fast_connect_and_no_bind() {
+    let mut p = keeping_pair(30, true, true);
+    assert!(p.server.kept_session().is_some());
+    bind(&mut p, "alice");
+    // Twice: the binding travels with each single-use ticket's rotation.
+    for round in 0..2 {
+        resume(&mut p);
+        assert!(p.client.binding_kept(), "round {round}: told it is bound");
+        assert_eq!(p.server.user(), Some("alice"), "round {round}");
+        assert_eq!(restore_asked(&p), 1, "round {round}");
+        assert_eq!(
+            server_count(&p, |e| matches!(e, ServerEvent::BindRequested { .. })),
+            0,
+            "round {round}: no BIND"
+        );
+        let kept = p.sessions.values().filter(|s| s.binding.is_some());
+        assert_eq!(kept.count(), 1, "only the live ticket holds it");
+        push(&mut p, 10 + round, AckMode::Auto).expect("pushed to the restored user");
+        assert!(p.run_until(5 * SEC, |p| server_count(p, |e| matches!(
+            e,
+            ServerEvent::Acked { push } if push.message_id == 10 + round
+        )) == 1));
+    }
+}
+
+#[test]
+fn the_fast_connect_answer_waits_for_the_restore() {
+    use mpush_protocol::server::Answer;
+    let mut p = keeping_pair(31, true, true);
+    bind(&mut p, "alice");
+    let ticket = connected(&p).and_then(|c| c.2).expect("ticket");
+    p.hold_restore = true;
+    p.reconnect(Some(ticket));
+    p.client_events.clear();
+    p.server_events.clear();
+    p.run_for(SEC);
+    assert_eq!(restore_asked(&p), 1);
+    assert!(
+        connected(&p).is_none(),
+        "no FAST_CONNECT_OK before the answer"
+    );
+    assert!(!p.server.is_established());
+    assert_eq!(push(&mut p, 1, AckMode::Auto), Err(PushError::NotReady));
+    let now = p.now;
+    p.server.handle_answer(Answer::Restored(true), now);
+    p.pump();
+    assert!(p.run_until(5 * SEC, |p| connected(p).is_some()));
+    assert!(p.client.binding_kept());
+    assert_eq!(p.server.user(), Some("alice"));
+}
+
+#[test]
+fn a_failed_restore_says_not_bound_and_the_client_binds_itself() {
+    let mut p = keeping_pair(32, true, true);
+    bind(&mut p, "alice");
+    p.restore_ok = false;
+    resume(&mut p);
+    assert_eq!(restore_asked(&p), 1);
+    assert!(!p.client.binding_kept());
+    assert_eq!(p.server.user(), None);
+    assert!(
+        p.sessions.values().all(|s| s.binding.is_none()),
+        "nothing left to restore"
+    );
+    p.restore_ok = true;
+    bind(&mut p, "alice");
+    push(&mut p, 1, AckMode::Auto).expect("push");
+    assert!(p.run_until(5 * SEC, |p| server_count(p, |e| matches!(
+        e,
+        ServerEvent::Acked { .. }
+    )) == 1));
+}
+
+#[test]
+fn without_the_bit_on_either_side_a_resume_is_as_before() {
+    for (server_keeps, client_keeps) in [(false, true), (true, false), (false, false)] {
+        let mut p = keeping_pair(33, server_keeps, client_keeps);
+        assert_eq!(p.server.kept_session(), None);
+        bind(&mut p, "alice");
+        assert!(p.sessions.values().all(|s| s.binding.is_none()));
+        resume(&mut p);
+        assert_eq!(restore_asked(&p), 0);
+        assert!(!p.client.binding_kept());
+        assert_eq!(p.server.user(), None, "the client binds itself");
+    }
+}
+
+#[test]
+fn the_answer_without_a_kept_binding_is_byte_for_byte_the_old_one() {
+    // Same seeds, a server that keeps bindings and one that does not, a
+    // client that asks and nothing bound: the server's bytes are the same.
+    let answer = |server_keeps: bool| {
+        let mut p = keeping_pair(34, server_keeps, true);
+        let ticket = connected(&p).and_then(|c| c.2).expect("ticket");
+        p.reconnect(Some(ticket));
+        let mut out = Vec::new();
+        while let Some(b) = p.server.poll_transmit() {
+            out.extend_from_slice(&b);
+        }
+        p.step(p.now + SEC);
+        while let Some(b) = p.server.poll_transmit() {
+            out.extend_from_slice(&b);
+        }
+        (out, p.s2c.deliver(p.now + 10 * SEC))
+    };
+    let (kept, plain) = (answer(true), answer(false));
+    assert!(!kept.1.is_empty(), "a FAST_CONNECT_OK was sent");
+    assert_eq!(kept, plain);
+}
+
+#[test]
+fn an_unbind_or_a_kick_leaves_nothing_to_restore() {
+    let mut p = keeping_pair(35, true, true);
+    bind(&mut p, "alice");
+    let now = p.now;
+    p.client.unbind("alice", now).expect("unbind");
+    p.pump();
+    p.run_for(SEC);
+    assert!(p.sessions.values().all(|s| s.binding.is_none()));
+    resume(&mut p);
+    assert_eq!(restore_asked(&p), 0);
+
+    let mut p = keeping_pair(36, true, true);
+    bind(&mut p, "alice");
+    p.server.kick("dev-2", "alice");
+    p.pump();
+    assert_eq!(
+        server_count(&p, |e| matches!(e, ServerEvent::ForgetBinding { .. })),
+        1
+    );
+    assert!(p.sessions.values().all(|s| s.binding.is_none()));
+    assert_eq!(p.server.kept_session(), None, "none kept after a kick");
+    resume(&mut p);
+    assert_eq!(restore_asked(&p), 0);
+}
+
+#[test]
+fn an_expired_token_restores_nothing() {
+    let mut p = keeping_pair(37, true, true);
+    bind(&mut p, "alice");
+    let expired = p.unix_ms + p.elapsed().as_millis() as i64 - 1;
+    for s in p.sessions.values_mut() {
+        if let Some(b) = s.binding.as_mut() {
+            b.expires_at_ms = expired;
+        }
+    }
+    resume(&mut p);
+    assert_eq!(restore_asked(&p), 0);
+    assert_eq!(p.server.user(), None);
+    assert!(
+        p.sessions.values().all(|s| s.binding.is_none()),
+        "an expired binding does not travel to the next ticket"
+    );
+}

@@ -30,6 +30,11 @@ pub struct ClientConfig {
     /// RSA and no cipher. Only servers of this project accept it, and only
     /// on connections they know to be TLS. Needs `offer_v2`.
     pub transport_secured: bool,
+    /// Ask the server to keep this device's binding with its session (ADR
+    /// 0008), so a fast connect comes back bound without a BIND
+    /// (`ClientConnection::binding_kept`). Servers that do not keep
+    /// bindings ignore it.
+    pub keep_binding: bool,
 }
 
 impl ClientConfig {
@@ -46,6 +51,7 @@ impl ClientConfig {
             max_body: 1 << 20,
             offer_v2: true,
             transport_secured: false,
+            keep_binding: true,
         }
     }
 }

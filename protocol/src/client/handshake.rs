@@ -26,7 +26,7 @@ impl ClientConnection {
         let caps = self
             .config
             .offer_v2
-            .then(|| offered(v2::Capabilities::v2()));
+            .then(|| offered(v2::Capabilities::v2(), self.config.keep_binding));
         let hs = self.handshake_message(iv.to_vec(), client_key.to_vec(), caps);
         let mut body = hs.to_bytes();
         let mut flags = Flags::CRYPTO;
@@ -76,7 +76,10 @@ impl ClientConnection {
 
     /// ADR 0005: the handshake in plaintext (the transport is TLS), no keys.
     pub(super) fn start_transport_handshake(&mut self, now: Instant) {
-        let caps = Some(offered(v2::Capabilities::transport()));
+        let caps = Some(offered(
+            v2::Capabilities::transport(),
+            self.config.keep_binding,
+        ));
         let hs = self.handshake_message(Vec::new(), Vec::new(), caps);
         let id = self.next_id();
         let p = Packet::new(Command::HANDSHAKE, id, Flags::NONE, hs.to_bytes());
@@ -95,11 +98,14 @@ impl ClientConnection {
             SessionSecret::Legacy { .. } => None,
             SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => {
                 Some(v2::ResumeProof {
-                    capabilities: Some(offered(if ticket.secret.is_transport() {
-                        v2::Capabilities::transport()
-                    } else {
-                        v2::Capabilities::v2()
-                    })),
+                    capabilities: Some(offered(
+                        if ticket.secret.is_transport() {
+                            v2::Capabilities::transport()
+                        } else {
+                            v2::Capabilities::v2()
+                        },
+                        self.config.keep_binding,
+                    )),
                     client_nonce: client_nonce.to_vec(),
                     proof: resume_proof(
                         resume_key,
@@ -297,6 +303,7 @@ impl ClientConnection {
         };
         self.pending.remove(&p.session_id);
         self.established(cipher, profile, ok.heartbeat, now);
+        self.binding_kept = ok.accept.as_ref().is_some_and(|a| a.bound);
         self.events.push_back(ClientEvent::Connected {
             profile,
             heartbeat: self.heartbeat,
@@ -346,12 +353,16 @@ pub(super) fn gcm_cipher(_: &AesKey) -> Result<SessionCipher, ProtocolError> {
 #[cfg(not(feature = "classic"))]
 pub(super) const NO_CLASSIC: &str = "this build speaks only the transport-secured profile (wss://)";
 
-/// What this client offers: `caps`, and `FEATURE_PLAIN_BODIES` when this
-/// build does not inflate (the server then sends it no compressed body).
-pub(super) fn offered(caps: v2::Capabilities) -> v2::Capabilities {
-    if crypto::INFLATES {
-        caps
-    } else {
-        caps.with_features(v2::FEATURE_PLAIN_BODIES)
+/// What this client offers: `caps`, `FEATURE_PLAIN_BODIES` when this
+/// build does not inflate (the server then sends it no compressed body), and
+/// `FEATURE_KEEP_BINDING` when `keep_binding` (ADR 0008).
+pub(super) fn offered(caps: v2::Capabilities, keep_binding: bool) -> v2::Capabilities {
+    let mut features = 0;
+    if !crypto::INFLATES {
+        features |= v2::FEATURE_PLAIN_BODIES;
     }
+    if keep_binding {
+        features |= v2::FEATURE_KEEP_BINDING;
+    }
+    caps.with_features(features)
 }

@@ -101,6 +101,9 @@ pub struct ClientConnection {
     acks_out: Vec<AckToken>,
     dedup: DedupWindow,
     legacy_dedup: DedupWindow,
+    /// ADR 0008: the fast connect's answer said the server bound this
+    /// connection again to the session's user.
+    binding_kept: bool,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -143,6 +146,7 @@ impl ClientConnection {
             acks_out: Vec::new(),
             dedup,
             legacy_dedup: DedupWindow::new(256),
+            binding_kept: false,
         };
         // A ticket resumes only into its own profile (a transport session
         // only over a secure transport, a classic one only outside it).
@@ -187,6 +191,14 @@ impl ClientConnection {
 
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)
+    }
+
+    /// ADR 0008: this connection was resumed already bound to the user the
+    /// session had bound (the server kept the binding); that user gets its
+    /// pushes without a BIND. A client that wants another user, other tags
+    /// or no user binds or unbinds as usual.
+    pub fn binding_kept(&self) -> bool {
+        self.binding_kept
     }
 
     /// The dedup window, to hand to the next connection.

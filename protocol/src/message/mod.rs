@@ -51,6 +51,11 @@ pub mod v2 {
     /// the bit echo it in HANDSHAKE_OK.
     pub const FEATURE_PLAIN_BODIES: u32 = 2;
 
+    /// `features` bit (ADR 0008): keep this connection's binding with its
+    /// session, and restore it on a fast connect (`ResumeAccept.bound`), so
+    /// the client sends no BIND after resuming. Echoed when honoured.
+    pub const FEATURE_KEEP_BINDING: u32 = 4;
+
     impl Capabilities {
         pub fn v2() -> Self {
             Self {
@@ -74,6 +79,11 @@ pub mod v2 {
         /// The sender asks for uncompressed bodies (`FEATURE_PLAIN_BODIES`).
         pub fn wants_plain_bodies(&self) -> bool {
             self.profile >= PROFILE && self.features & FEATURE_PLAIN_BODIES != 0
+        }
+
+        /// The sender asks the server to keep its binding (`FEATURE_KEEP_BINDING`).
+        pub fn wants_keep_binding(&self) -> bool {
+            self.profile >= PROFILE && self.features & FEATURE_KEEP_BINDING != 0
         }
 
         /// These capabilities with `features` bits added.

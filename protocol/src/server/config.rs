@@ -49,6 +49,10 @@ pub struct ServerConfig {
     /// Serve the transport-secured profile (ADR 0005) on connections the
     /// driver marked secure (`set_transport_secured`); never elsewhere.
     pub accept_transport: bool,
+    /// Honour `FEATURE_KEEP_BINDING` (ADR 0008): keep a binding with the
+    /// session and restore it on a fast connect (`ServerEvent::RestoreRequested`).
+    /// Off by default: a driver that turns it on answers that event.
+    pub keep_binding: bool,
 }
 
 impl ServerConfig {
@@ -72,6 +76,7 @@ impl ServerConfig {
             require_v2: false,
             offload_rsa: false,
             accept_transport: true,
+            keep_binding: false,
         }
     }
 }

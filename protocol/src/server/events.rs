@@ -11,7 +11,7 @@ use web_time::Instant;
 use crate::error::{CryptoError, ProtocolError};
 use crate::message::{ErrorCode, HttpRequest, HttpResponse};
 use crate::packet::Command;
-use crate::session::{AckMode, DeviceInfo, Profile, SessionRecord};
+use crate::session::{AckMode, DeviceInfo, KeptBinding, Profile, SessionRecord};
 
 /// A push for one connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +91,15 @@ pub enum ServerEvent {
         session: Option<SessionRecord>,
         replaces: Option<String>,
     },
+    /// ADR 0008, after `Resumed`: the session kept this binding (its token,
+    /// if any, has not expired). Bind the connection as a BIND of it would
+    /// (route, older login, inbox), then answer `Answer::Restored`; the
+    /// FAST_CONNECT_OK waits for that answer. Only with
+    /// `ServerConfig::keep_binding`.
+    RestoreRequested { binding: KeptBinding },
+    /// ADR 0008: the connection was kicked; clear the binding kept under
+    /// this session so its next fast connect does not restore it. No answer.
+    ForgetBinding { session_id: String },
     /// Register the route (and check `token`), then answer `Answer::Bind`.
     BindRequested {
         request: i32,
@@ -167,6 +176,10 @@ pub enum Answer {
     Decrypted(Result<Vec<u8>, CryptoError>),
     /// To `ResumeRequested`: the stored session, if any.
     Session(Option<SessionRecord>),
+    /// To `RestoreRequested`: `true` when the connection is bound again.
+    /// `false` (the store or the route table failed): the client is told
+    /// it is not bound and sends its own BIND.
+    Restored(bool),
     /// To `BindRequested`: bound, or refused (the connection then closes).
     Bind {
         request: i32,

@@ -172,6 +172,7 @@ impl ServerConnection {
             device,
             secret,
             expire_at_ms: ok.expire_time,
+            binding: None,
         };
         self.handshake_established(Some(cipher), profile, heartbeat, session, now);
         Ok(())
@@ -203,12 +204,26 @@ impl ServerConnection {
     /// (`FEATURE_PLAIN_BODIES`: no compression towards it), and returns the
     /// ones to echo in HANDSHAKE_OK.
     pub(super) fn honour_features(&mut self, caps: Option<&v2::Capabilities>) -> u32 {
+        let mut echo = 0;
         if caps.is_some_and(v2::Capabilities::wants_plain_bodies) {
             self.sealer.never_compress();
-            v2::FEATURE_PLAIN_BODIES
-        } else {
-            0
+            echo |= v2::FEATURE_PLAIN_BODIES;
         }
+        self.keep_binding =
+            self.config.keep_binding && caps.is_some_and(v2::Capabilities::wants_keep_binding);
+        if self.keep_binding {
+            echo |= v2::FEATURE_KEEP_BINDING;
+        }
+        echo
+    }
+
+    /// With `keep_binding`: remembers the session a binding is kept under.
+    pub(super) fn keep_session(&mut self, session_id: &str) {
+        self.kept_session = if self.keep_binding {
+            super::unhex_id(session_id).map(Box::new)
+        } else {
+            None
+        };
     }
 
     /// A full handshake answered: the connection is up with `cipher`, and
@@ -224,6 +239,7 @@ impl ServerConnection {
         self.sealer.set_cipher(cipher);
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
+        self.keep_session(&session.session_id);
         self.establish();
         let device = session.device.clone();
         self.events.push_back(ServerEvent::HandshakeCompleted {
@@ -277,6 +293,7 @@ impl ServerConnection {
                 resume_key: crate::crypto::ResumeKey(key),
             },
             expire_at_ms: ok.expire_time,
+            binding: None,
         };
         self.handshake_established(None, Profile::V2, heartbeat, session, now);
         Ok(())

@@ -70,6 +70,8 @@ enum State {
         request: Box<FastConnect>,
         packet_id: i32,
     },
+    /// ADR 0008: resumed, binding the kept user before FAST_CONNECT_OK.
+    AwaitRestore(Box<resume::PendingRestore>),
     Established,
     Closed,
 }
@@ -101,6 +103,11 @@ pub struct ServerConnection {
     /// What the transport allows (ADR 0005); one byte, so an idle
     /// connection stays the size it was.
     transport: Transport,
+    /// ADR 0008: the client asked to keep its binding and this server does.
+    keep_binding: bool,
+    /// With `keep_binding`: the id of this connection's session (the 16
+    /// bytes of its hex form), for the driver to keep a binding under.
+    kept_session: Option<Box<[u8; 16]>>,
 }
 
 /// ADR 0005: where a connection stands with the transport-secured profile.
@@ -153,6 +160,8 @@ impl ServerConnection {
             handshake_seen: false,
             resume_seen: false,
             transport: Transport::Plain,
+            keep_binding: false,
+            kept_session: None,
             config,
         }
     }
@@ -183,6 +192,14 @@ impl ServerConnection {
 
     pub fn user(&self) -> Option<&str> {
         self.user.as_deref()
+    }
+
+    /// ADR 0008: the id of this connection's session when its client
+    /// negotiated `FEATURE_KEEP_BINDING` with a server that keeps bindings.
+    /// The driver then keeps each binding under it (a BIND that succeeded
+    /// writes it, an UNBIND or a kick clears it).
+    pub fn kept_session(&self) -> Option<String> {
+        self.kept_session.as_deref().map(|id| hex_id(id))
     }
 
     pub fn heartbeat(&self) -> Duration {
@@ -219,7 +236,7 @@ impl ServerConnection {
     fn awaiting_driver(&self) -> bool {
         matches!(
             self.state,
-            State::AwaitDecrypt { .. } | State::AwaitResume { .. }
+            State::AwaitDecrypt { .. } | State::AwaitResume { .. } | State::AwaitRestore(_)
         )
     }
 
@@ -306,6 +323,7 @@ impl ServerConnection {
         match answer {
             Answer::Decrypted(result) => self.on_decrypted(result, now),
             Answer::Session(record) => self.on_session(record, now),
+            Answer::Restored(bound) => self.on_restored(bound, now),
             Answer::Bind {
                 request,
                 user_id,
@@ -457,4 +475,17 @@ pub(crate) fn duration_ms_i64(d: Duration) -> i64 {
 
 fn hex_id(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The 16 bytes of a session id made by `hex_id` (None for any other form).
+fn unhex_id(id: &str) -> Option<[u8; 16]> {
+    if id.len() != 32 || !id.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).ok()?;
+    }
+    // Only the lowercase form `hex_id` writes, so the id round-trips.
+    (hex_id(&out) == id).then_some(out)
 }

@@ -72,6 +72,13 @@ impl ServerConnection {
     /// Tells the client another device took its place (mpush 0.8.1 does not
     /// close the connection; the driver may).
     pub fn kick(&mut self, device_id: &str, user_id: &str) {
+        // A kicked connection's binding is not restored by its next fast
+        // connect (ADR 0008), and none is kept on it from now on.
+        if let Some(id) = self.kept_session.take() {
+            self.events.push_back(ServerEvent::ForgetBinding {
+                session_id: super::hex_id(&id[..]),
+            });
+        }
         if self.is_established() {
             let body = Kick {
                 device_id: device_id.to_owned(),

@@ -8,7 +8,15 @@ use crate::crypto::{SessionCipher, connection_key, resume_accept_proof, resume_p
 use crate::error::ProtocolError;
 use crate::message::{Body, ErrorCode, ErrorMessage, FastConnect, FastConnectOk, v2};
 use crate::packet::{Command, Packet};
-use crate::session::{Profile, SessionRecord, SessionSecret, duration_ms};
+use crate::session::{KeptBinding, Profile, SessionRecord, SessionSecret, duration_ms};
+
+/// ADR 0008: a fast connect waiting for its kept binding to be restored.
+#[derive(Debug)]
+pub(super) struct PendingRestore {
+    ok: FastConnectOk,
+    packet_id: i32,
+    user_id: String,
+}
 
 impl ServerConnection {
     /// Answer to `ResumeRequested`: the stored session, if any.
@@ -68,7 +76,9 @@ impl ServerConnection {
             return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
         }
         let heartbeat = self.negotiate_heartbeat(request.max_heartbeat);
+        let now_ms = self.unix_ms(now);
         let mut next = None;
+        let mut restore = None;
         let (cipher, profile, accept) = match (&record.secret, &request.proof) {
             (SessionSecret::Legacy { key, iv }, _) => {
                 (Some(SessionCipher::cbc(key, *iv)), Profile::Legacy, None)
@@ -92,20 +102,28 @@ impl ServerConnection {
                 };
                 self.honour_features(proof.capabilities.as_ref());
                 let next_id = hex_id(&next_raw);
-                let next_expire = self.unix_ms(now) + duration_ms_i64(self.config.session_ttl);
+                let next_expire = now_ms + duration_ms_i64(self.config.session_ttl);
                 let next_key =
                     crate::crypto::next_resume_key(resume_key, &proof.client_nonce, &server_nonce);
+                // A kept binding travels with the ticket's rotation while
+                // the client still asks for it and its token is good.
+                restore = record
+                    .binding
+                    .clone()
+                    .filter(|b| self.keep_binding && b.is_live(now_ms));
                 next = Some(SessionRecord {
                     session_id: next_id.clone(),
                     device: record.device.clone(),
                     secret: SessionSecret::resumable(next_key, is_transport),
                     expire_at_ms: next_expire,
+                    binding: restore.clone(),
                 });
                 let accept = v2::ResumeAccept {
                     server_nonce: server_nonce.to_vec(),
                     proof: resume_accept_proof(resume_key, &proof.client_nonce, &server_nonce),
                     next_session_id: next_id,
                     next_expire_at_ms: next_expire,
+                    bound: false,
                 };
                 let cipher = (!is_transport).then(|| {
                     SessionCipher::gcm(&connection_key(
@@ -125,7 +143,6 @@ impl ServerConnection {
             heartbeat: duration_ms(heartbeat),
             accept,
         };
-        self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
         self.sealer.set_cipher(cipher);
         if is_transport {
             self.transport = Transport::Profile;
@@ -133,7 +150,9 @@ impl ServerConnection {
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
         self.user = None;
-        self.establish();
+        if let Some(n) = &next {
+            self.keep_session(&n.session_id);
+        }
         let replaces = next.as_ref().map(|_| record.session_id.clone());
         self.events.push_back(ServerEvent::Resumed {
             device: record.device,
@@ -141,6 +160,51 @@ impl ServerConnection {
             session: next,
             replaces,
         });
+        match restore {
+            // The answer goes out once the driver has bound the connection.
+            Some(binding) => self.await_restore(ok, packet_id, binding),
+            None => {
+                self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
+                self.establish();
+            }
+        }
+    }
+
+    fn await_restore(&mut self, ok: FastConnectOk, packet_id: i32, binding: KeptBinding) {
+        self.state = State::AwaitRestore(Box::new(PendingRestore {
+            ok,
+            packet_id,
+            user_id: binding.user_id.clone(),
+        }));
+        self.events
+            .push_back(ServerEvent::RestoreRequested { binding });
+    }
+
+    /// Answer to `RestoreRequested`: FAST_CONNECT_OK, saying whether the
+    /// connection is bound.
+    pub(super) fn on_restored(&mut self, bound: bool, now: Instant) {
+        if !matches!(self.state, State::AwaitRestore(_)) {
+            return;
+        }
+        let State::AwaitRestore(pending) =
+            std::mem::replace(&mut self.state, State::AwaitHandshake)
+        else {
+            return;
+        };
+        let PendingRestore {
+            mut ok,
+            packet_id,
+            user_id,
+        } = *pending;
+        if let Some(a) = ok.accept.as_mut() {
+            a.bound = bound;
+        }
+        self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
+        if bound {
+            self.user = Some(user_id);
+        }
+        self.establish();
+        self.process_input(now);
     }
 
     pub(super) fn on_fast_connect(&mut self, p: &Packet) -> Result<(), ProtocolError> {
