@@ -37,6 +37,9 @@ pub struct Claims {
 pub struct Grant {
     /// Tags the token fixes (they replace the client's).
     pub tags: Option<String>,
+    /// Unix milliseconds when the token expires (0: no token was needed).
+    /// A binding kept with a session ends then (ADR 0008).
+    pub expires_at_ms: i64,
 }
 
 struct Jwt {
@@ -222,13 +225,20 @@ impl BindAuth {
                 if c.client_type.is_some_and(|ct| ct != client_type.code()) {
                     return Err(TokenError::OtherClientType);
                 }
-                self.check_lifetime(i64::try_from(c.exp).unwrap_or(i64::MAX))?;
-                Ok(Grant { tags: c.tags })
+                let exp = i64::try_from(c.exp).unwrap_or(i64::MAX);
+                self.check_lifetime(exp)?;
+                Ok(Grant {
+                    tags: c.tags,
+                    expires_at_ms: exp.saturating_mul(1000),
+                })
             }
             _ if !self.hmac_secret.is_empty() => {
                 let exp = check_hmac_token(&self.hmac_secret, user_id, token)?;
                 self.check_lifetime(exp)?;
-                Ok(Grant::default())
+                Ok(Grant {
+                    tags: None,
+                    expires_at_ms: exp.saturating_mul(1000),
+                })
             }
             _ => Err(TokenError::Malformed),
         }
@@ -350,12 +360,10 @@ mod tests {
         let a = auth(|s| s.jwt_secret = secret.into());
         let key = MintKey::Secret(secret.into());
         let t = mint_jwt(&key, "ann", 60, Some(1), Some("vip".into())).expect("minted");
-        assert_eq!(
-            a.check("ann", ClientType::Mobile, &t),
-            Ok(Grant {
-                tags: Some("vip".into())
-            })
-        );
+        let g = a.check("ann", ClientType::Mobile, &t).expect("valid");
+        assert_eq!(g.tags.as_deref(), Some("vip"));
+        let ttl = g.expires_at_ms - unix_ms();
+        assert!((55_000..=61_000).contains(&ttl), "expiry {ttl} ms away");
         assert!(
             a.check("bob", ClientType::Mobile, &t).is_err(),
             "another user"

@@ -212,6 +212,13 @@ pub struct Limits {
     /// A connection whose up-pushes are refused for its rate this many times
     /// in a row is closed (abuse).
     pub up_push_abuse_refusals: u32,
+    /// ADR 0008: keep a client's binding with its session and restore it on
+    /// a fast connect, for clients that ask (our SDKs do), so they come back
+    /// bound without a BIND. A kept binding ends with its bind token's
+    /// expiry; set `false` to check a token at every reconnect. Unset: on
+    /// when binds need no token, off when they do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_binding: Option<bool>,
 }
 
 impl Default for Limits {
@@ -242,6 +249,7 @@ impl Default for Limits {
             up_push_rate_per_user: 100,
             up_push_burst_per_user: 200,
             up_push_abuse_refusals: 100,
+            keep_binding: None,
         }
     }
 }

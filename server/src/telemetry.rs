@@ -122,6 +122,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Binds refused by bind authentication",
     ),
     (
+        "mpush_bindings_restored_total",
+        Counter,
+        Unit::Count,
+        "Bindings restored by a fast connect (ADR 0008), by outcome: bound, failed (the client binds itself)",
+    ),
+    (
+        "mpush_binding_store_errors_total",
+        Counter,
+        Unit::Count,
+        "Kept bindings the session store did not write, by op: keep, clear",
+    ),
+    (
         "mpush_kicks_total",
         Counter,
         Unit::Count,

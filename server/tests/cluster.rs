@@ -1178,6 +1178,7 @@ async fn session_secrets_are_sealed_at_rest() {
         device: dev.clone(),
         secret: SessionSecret::Legacy { key, iv },
         expire_at_ms: unix_ms() + 60_000,
+        binding: None,
     };
     let value = forged.to_mpush_value().expect("mpush value");
     redis
@@ -1636,4 +1637,86 @@ async fn a_route_refresh_writes_no_row_back_over_a_newer_bind_or_for_a_closed_co
         matches!(&targets[..], [mpush_server::route::Target::Remote(r)] if r.node == "B"),
         "{targets:?}"
     );
+}
+
+async fn online(api: &Api) -> bool {
+    let (_, u) = api.get("/api/v1/users/rita").await;
+    u["online"].as_bool().expect("online")
+}
+
+/// ADR 0008 on Redis: a binding kept with a session is sealed at rest with
+/// it, travels with the single-use ticket to another node, comes back there
+/// without a BIND (pushes sent through any node reach it), and an UNBIND
+/// clears it for every node.
+#[tokio::test]
+async fn a_kept_binding_resumes_on_another_node_without_a_bind() {
+    let redis = Redis::start(free_port()).await;
+    let a = start(node_settings(&redis.url(), "A")).await;
+    let b = start(node_settings(&redis.url(), "B")).await;
+    let api = Api::new(&a);
+    wait_for_nodes(&api, 2).await;
+    let dev = common::device("kept-1", "android");
+    let ticket_of = |e: ClientEvent| match e {
+        ClientEvent::Connected {
+            ticket: Some(t), ..
+        } => t,
+        other => panic!("connected with a ticket: {other:?}"),
+    };
+    let mut c = TestClient::connect(&a, Via::Tcp, true, dev.clone(), None).await;
+    let ticket = ticket_of(c.connected().await);
+    c.bind("rita", "vip").await;
+    let redis::Value::BulkString(v) = redis
+        .query(&["GET", &format!("mp:rs:{}", ticket.session_id)])
+        .await
+    else {
+        panic!("stored");
+    };
+    let v = String::from_utf8(v).expect("utf-8");
+    assert!(v.starts_with("s1:") && !v.contains("rita"), "sealed: {v}");
+    let redis::Value::Int(ttl) = redis
+        .query(&["PTTL", &format!("mp:rs:{}", ticket.session_id)])
+        .await
+    else {
+        panic!("pttl");
+    };
+    assert!(ttl > 60_000, "the session keeps its expiry: {ttl} ms");
+    c.close();
+    let t0 = std::time::Instant::now();
+    while online(&api).await {
+        assert!(t0.elapsed() < WAIT, "rita still online");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // On B, with the ticket: bound again with no BIND.
+    let mut c = TestClient::connect(&b, Via::Tcp, true, dev.clone(), Some(ticket)).await;
+    let ticket = ticket_of(c.connected().await);
+    let (st, r) = api
+        .post(
+            "/api/v1/push",
+            json!({"userId": "rita", "content": "via A", "ackMode": "auto"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    c.message("via A").await;
+    assert!(
+        !c.seen
+            .iter()
+            .any(|e| matches!(e, ClientEvent::BindOk { .. })),
+        "no BIND was answered"
+    );
+    let (_, u) = api.get("/api/v1/users/rita").await;
+    assert_eq!(u["devices"][0]["node"], "B", "{u}");
+    assert_eq!(u["devices"][0]["tags"], "vip", "{u}");
+
+    // An UNBIND clears it: the next resume, on A, is not bound.
+    c.unbind("rita");
+    c.wait_for("unbound", |e| matches!(e, ClientEvent::Unbound { .. }))
+        .await;
+    c.close();
+    let mut c = TestClient::connect(&a, Via::Tcp, true, dev, Some(ticket)).await;
+    ticket_of(c.connected().await);
+    c.settle(Duration::from_millis(200)).await;
+    assert!(!online(&api).await, "nothing restored after an unbind");
+    a.shutdown().await;
+    b.shutdown().await;
 }

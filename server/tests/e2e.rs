@@ -995,3 +995,146 @@ async fn metrics_have_help_units_histograms_and_build_info() {
     }
     server.shutdown().await;
 }
+
+// ----- ADR 0008: a resumed session keeps its binding -----------------------
+
+/// The ticket of a `Connected` event; asserts whether it was a resume.
+fn ticket_of(e: ClientEvent, resumed: bool) -> mpush_protocol::session::ResumeTicket {
+    let ClientEvent::Connected {
+        ticket, resumed: r, ..
+    } = e
+    else {
+        unreachable!()
+    };
+    assert_eq!(r, resumed, "resumed");
+    ticket.expect("a ticket")
+}
+
+async fn online(api: &Api, user: &str) -> bool {
+    let (st, u) = api.get(&format!("/api/v1/users/{user}")).await;
+    assert_eq!(st, 200, "{u}");
+    u["online"].as_bool().expect("online")
+}
+
+async fn wait_offline(api: &Api, user: &str) {
+    let t0 = std::time::Instant::now();
+    while online(api, user).await {
+        assert!(t0.elapsed() < WAIT, "{user} still online");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_fast_connect_comes_back_bound_without_a_bind() {
+    let server = start(settings()).await;
+    let api = Api::new(&server);
+    for via in [Via::Tcp, Via::Ws] {
+        let dev = device(&format!("keep-{via:?}"), "android");
+        let user = format!("kate-{via:?}");
+        let mut c = TestClient::connect(&server, via, true, dev.clone(), None).await;
+        let ticket = ticket_of(c.connected().await, false);
+        c.bind(&user, "vip").await;
+        c.close();
+        wait_offline(&api, &user).await;
+        // Kept for the user meanwhile, replayed by the restore.
+        let push =
+            json!({"userId": user, "content": "while away", "ackMode": "auto", "ttlSeconds": 60});
+        let (st, r) = api.post("/api/v1/push", push).await;
+        assert_eq!((st, r["stored"].as_bool()), (200, Some(true)), "{r}");
+
+        // Twice: the binding travels with each single-use ticket.
+        let mut ticket = ticket;
+        for round in 0..2 {
+            let mut c = TestClient::connect(&server, via, true, dev.clone(), Some(ticket)).await;
+            ticket = ticket_of(c.connected().await, true);
+            if round == 0 {
+                c.message("while away").await;
+            }
+            assert!(online(&api, &user).await, "bound with no BIND ({via:?})");
+            let (_, u) = api.get(&format!("/api/v1/users/{user}")).await;
+            assert_eq!(u["devices"][0]["tags"], "vip", "{u}");
+            let text = format!("live {round}");
+            let (st, r) = api
+                .post("/api/v1/push", json!({"userId": user, "content": text}))
+                .await;
+            assert_eq!(st, 200, "{r}");
+            c.message(&text).await;
+            assert!(
+                !c.seen
+                    .iter()
+                    .any(|e| matches!(e, ClientEvent::BindOk { .. })),
+                "no BIND was answered"
+            );
+            c.close();
+            wait_offline(&api, &user).await;
+        }
+
+        // An UNBIND leaves nothing to restore.
+        let mut c = TestClient::connect(&server, via, true, dev.clone(), Some(ticket)).await;
+        ticket = ticket_of(c.connected().await, true);
+        assert!(online(&api, &user).await);
+        c.unbind(&user);
+        c.wait_for("unbound", |e| matches!(e, ClientEvent::Unbound { .. }))
+            .await;
+        c.close();
+        let mut c = TestClient::connect(&server, via, true, dev.clone(), Some(ticket)).await;
+        ticket = ticket_of(c.connected().await, true);
+        c.settle(Duration::from_millis(100)).await;
+        assert!(!online(&api, &user).await, "not restored after an unbind");
+
+        // Nor does a kick.
+        c.bind(&user, "").await;
+        let (st, _) = api
+            .post(&format!("/api/v1/users/{user}/kick"), json!({}))
+            .await;
+        assert_eq!(st, 200);
+        c.wait_for("closed", |e| matches!(e, ClientEvent::Closed { .. }))
+            .await;
+        wait_offline(&api, &user).await;
+        let mut c = TestClient::connect(&server, via, true, dev.clone(), Some(ticket)).await;
+        ticket_of(c.connected().await, true);
+        c.settle(Duration::from_millis(100)).await;
+        assert!(!online(&api, &user).await, "not restored after a kick");
+        c.close();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kept_binding_ends_with_its_bind_token() {
+    let mut s = settings();
+    s.security.bind_secret = "keep-secret".into();
+    s.limits.keep_binding = Some(true);
+    let server = start(s).await;
+    let api = Api::new(&server);
+    let dev = device("token-phone", "android");
+    let mut c = TestClient::connect(&server, Via::Tcp, true, dev.clone(), None).await;
+    let ticket = ticket_of(c.connected().await, false);
+    // A token that expires in a second or two.
+    let exp = unix_ms() / 1000 + 2;
+    let token = mpush_server::auth::sign_bind_token("keep-secret", "tom", exp);
+    c.bind_with_token("tom", "", &token).await;
+    c.close();
+    wait_offline(&api, "tom").await;
+    // Before the expiry the binding comes back...
+    let mut c = TestClient::connect(&server, Via::Tcp, true, dev.clone(), Some(ticket)).await;
+    let ticket = ticket_of(c.connected().await, true);
+    assert!(
+        online(&api, "tom").await,
+        "restored while the token is good"
+    );
+    c.close();
+    wait_offline(&api, "tom").await;
+    // ...after it, not: the client binds itself with a fresh token.
+    while unix_ms() <= exp * 1000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = TestClient::connect(&server, Via::Tcp, true, dev, Some(ticket)).await;
+    ticket_of(c.connected().await, true);
+    c.settle(Duration::from_millis(100)).await;
+    assert!(
+        !online(&api, "tom").await,
+        "an expired token restores nothing"
+    );
+    server.shutdown().await;
+}

@@ -16,7 +16,7 @@ use mpush_protocol::server::{
     Answer, BindRefusal, CloseReason, OutboundPush, PushError, ServerConnection, ServerEvent,
     UpPushRefusal,
 };
-use mpush_protocol::session::{DeviceInfo, Profile};
+use mpush_protocol::session::{DeviceInfo, KeptBinding, Profile};
 use tracing::{debug, info};
 
 use super::limits::IpSlot;
@@ -481,7 +481,14 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 token,
                 ..
             } => Box::pin(self.bind(request, user_id, tags, token)).await,
+            ServerEvent::RestoreRequested { binding } => Box::pin(self.restore(binding)).await,
+            ServerEvent::ForgetBinding { session_id } => {
+                logic.keep_binding(session_id, None).await;
+            }
             ServerEvent::UnbindRequested { request, user_id } => {
+                if let Some(session) = self.machine.kept_session() {
+                    logic.keep_binding(session, None).await;
+                }
                 if let Some(info) = &self.info {
                     logic.unbind(&user_id, info).await;
                     logic.lifecycle(Lifecycle::Unbound, &user_id, info, None);
@@ -648,8 +655,8 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         let result = logic
             .bind(&info, &tx, &user_id, tags, &token, self.user.as_ref())
             .await;
-        let user = match result {
-            Ok(u) => u,
+        let (user, binding) = match result {
+            Ok(bound) => bound,
             Err(reason) => {
                 debug!(conn = self.conn_id, peer = %self.peer(), %reason, "bind refused");
                 let answer = Answer::Bind {
@@ -661,19 +668,56 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 return;
             }
         };
-        self.user = Some(user.clone());
-        tracing::Span::current().record("user", &*user);
-        info!(conn = self.conn_id, user = %user_id, device = %info.device_id, "bound");
+        // ADR 0008: kept before the answer, so a client that saw its bind
+        // succeed comes back bound from its next fast connect.
+        if let Some(session) = self.machine.kept_session() {
+            logic.keep_binding(session, Some(binding)).await;
+        }
         let answer = Answer::Bind {
             request,
             user_id,
             result: Ok(()),
         };
+        self.bound(user, info, answer).await;
+    }
+
+    /// A bind (or a restore) succeeded: the answer, the lifecycle event and
+    /// the offline inbox, in order.
+    async fn bound(&mut self, user: Arc<str>, info: Arc<ConnInfo>, answer: Answer) {
+        let logic = self.gw.logic.clone();
+        self.user = Some(user.clone());
+        tracing::Span::current().record("user", &*user);
+        info!(conn = self.conn_id, user = %user, device = %info.device_id, "bound");
         self.machine.handle_answer(answer, Instant::now());
         logic.lifecycle(Lifecycle::Bound, &user, &info, None);
         // The offline inbox, in order.
         for push in logic.replay_inbox(&user, &info).await {
             self.push(push);
+        }
+    }
+
+    /// ADR 0008: a resumed session kept its binding; bound again here
+    /// before the client hears FAST_CONNECT_OK, or told it is not.
+    async fn restore(&mut self, binding: KeptBinding) {
+        let logic = self.gw.logic.clone();
+        let restored = match (self.info.clone(), self.machine.is_closed()) {
+            (Some(info), false) => {
+                let tx = self.tx.clone();
+                logic.restore(&info, &tx, &binding).await.map(|u| (u, info))
+            }
+            _ => None,
+        };
+        match restored {
+            Some((user, info)) => self.bound(user, info, Answer::Restored(true)).await,
+            None => {
+                // Not bound: nothing is kept either, so the next resume does
+                // not restore what this client may not bind again.
+                if let Some(session) = self.machine.kept_session() {
+                    logic.keep_binding(session, None).await;
+                }
+                self.machine
+                    .handle_answer(Answer::Restored(false), Instant::now());
+            }
         }
     }
 

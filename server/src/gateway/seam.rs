@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use mpush_protocol::message::{HttpRequest, HttpResponse, Redirect};
 use mpush_protocol::server::OutboundPush;
-use mpush_protocol::session::SessionRecord;
+use mpush_protocol::session::{KeptBinding, SessionRecord};
 use tokio::sync::watch;
 
 use crate::auth::TokenError;
@@ -49,7 +49,8 @@ pub trait Logic: Send + Sync + 'static {
         replaces: Option<String>,
         next: Option<SessionRecord>,
     ) -> impl Future<Output = bool> + Send;
-    /// Authorises and registers a bind; the user, shared.
+    /// Authorises and registers a bind; the user, shared, and what a
+    /// session keeps of it (ADR 0008).
     fn bind(
         &self,
         info: &Arc<ConnInfo>,
@@ -58,7 +59,21 @@ pub trait Logic: Send + Sync + 'static {
         tags: String,
         token: &str,
         previous: Option<&Arc<str>>,
-    ) -> impl Future<Output = Result<Arc<str>, TokenError>> + Send;
+    ) -> impl Future<Output = Result<(Arc<str>, KeptBinding), TokenError>> + Send;
+    /// ADR 0008: binds a resumed connection as its session kept it; the
+    /// user when bound everywhere (`None`: nothing bound).
+    fn restore(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        binding: &KeptBinding,
+    ) -> impl Future<Output = Option<Arc<str>>> + Send;
+    /// ADR 0008: keeps a binding with a session (`None` clears it).
+    fn keep_binding(
+        &self,
+        session_id: String,
+        binding: Option<KeptBinding>,
+    ) -> impl Future<Output = ()> + Send;
     fn unbind(&self, user: &str, info: &ConnInfo) -> impl Future<Output = bool> + Send;
     /// What is kept for a user who just bound here, in order.
     fn replay_inbox(
@@ -151,9 +166,26 @@ impl Logic for Hub {
         tags: String,
         token: &str,
         previous: Option<&Arc<str>>,
-    ) -> impl Future<Output = Result<Arc<str>, TokenError>> + Send {
+    ) -> impl Future<Output = Result<(Arc<str>, KeptBinding), TokenError>> + Send {
         self.sessions()
             .bind(info, tx, user_id, tags, token, previous)
+    }
+
+    fn restore(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        binding: &KeptBinding,
+    ) -> impl Future<Output = Option<Arc<str>>> + Send {
+        self.sessions().restore(info, tx, binding)
+    }
+
+    fn keep_binding(
+        &self,
+        session_id: String,
+        binding: Option<KeptBinding>,
+    ) -> impl Future<Output = ()> + Send {
+        self.sessions().keep_binding(session_id, binding)
     }
 
     fn unbind(&self, user: &str, info: &ConnInfo) -> impl Future<Output = bool> + Send {

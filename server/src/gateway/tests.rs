@@ -14,7 +14,7 @@ use mpush_protocol::client::{ClientCloseReason, ClientConfig, ClientConnection, 
 use mpush_protocol::dedup::DedupWindow;
 use mpush_protocol::message::{HttpRequest, HttpResponse, Redirect};
 use mpush_protocol::server::OutboundPush;
-use mpush_protocol::session::{AckMode, SessionRecord};
+use mpush_protocol::session::{AckMode, KeptBinding, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
@@ -141,13 +141,42 @@ impl Logic for Fake {
         tags: String,
         token: &str,
         _previous: Option<&Arc<str>>,
-    ) -> Result<Arc<str>, TokenError> {
+    ) -> Result<(Arc<str>, KeptBinding), TokenError> {
         self.call(format!("bind {user_id} {tags} {token} {}", info.device_id));
         if self.refuse_bind.load(Ordering::SeqCst) {
             return Err(TokenError::OtherUser);
         }
         *self.bound.lock() = Some(tx.clone());
-        Ok(user_id.into())
+        let kept = KeptBinding {
+            user_id: user_id.to_owned(),
+            tags,
+            expires_at_ms: 0,
+        };
+        Ok((user_id.into(), kept))
+    }
+
+    async fn restore(
+        &self,
+        _: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        binding: &KeptBinding,
+    ) -> Option<Arc<str>> {
+        self.call(format!("restore {}", binding.user_id));
+        if self.refuse_bind.load(Ordering::SeqCst) {
+            return None;
+        }
+        *self.bound.lock() = Some(tx.clone());
+        Some(binding.user_id.as_str().into())
+    }
+
+    async fn keep_binding(&self, session_id: String, binding: Option<KeptBinding>) {
+        let user = binding.as_ref().map_or("-", |b| b.user_id.as_str());
+        self.call(format!("keep {user}"));
+        for s in self.sessions.lock().iter_mut() {
+            if s.session_id == session_id {
+                s.binding = binding.clone();
+            }
+        }
     }
 
     async fn unbind(&self, user: &str, _: &ConnInfo) -> bool {

@@ -368,6 +368,10 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
     proto.require_v2 = s.security.require_v2;
     proto.http_proxy = s.http_proxy.enabled;
     proto.offload_rsa = true;
+    proto.keep_binding = s
+        .limits
+        .keep_binding
+        .unwrap_or_else(|| cfg.bind_auth.is_anonymous());
     proto.ack_retry = RetryPolicy {
         waits: s
             .delivery

@@ -4,7 +4,7 @@
 use mpush_protocol::session::ClientType;
 use std::sync::Arc;
 
-use mpush_protocol::session::SessionRecord;
+use mpush_protocol::session::{KeptBinding, SessionRecord};
 use serde::Serialize;
 
 use crate::auth::{BindAuth, TokenError};
@@ -136,7 +136,7 @@ impl Sessions {
         tags: String,
         token: &str,
         previous: Option<&Arc<str>>,
-    ) -> Result<Arc<str>, TokenError> {
+    ) -> Result<(Arc<str>, KeptBinding), TokenError> {
         let grant = self
             .auth
             .check(user_id, info.client_type, token)
@@ -144,10 +144,62 @@ impl Sessions {
                 metrics::counter!("mpush_bind_refused_total").increment(1);
                 log_refused_bind(user_id, info, e);
             })?;
+        let binding = KeptBinding {
+            user_id: user_id.to_owned(),
+            tags: grant.tags.unwrap_or(tags),
+            expires_at_ms: grant.expires_at_ms,
+        };
+        let (user, _) = self.bind_as(info, tx, &binding, previous).await;
+        Ok((user, binding))
+    }
+
+    /// ADR 0008: binds a resumed connection as its session kept it (the
+    /// token was checked when it was kept; its expiry, by the machine). The
+    /// user when the route is written everywhere; `None` (and nothing bound)
+    /// otherwise: the client then binds itself and gets a true answer.
+    pub async fn restore(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        binding: &KeptBinding,
+    ) -> Option<Arc<str>> {
+        let (user, everywhere) = self.bind_as(info, tx, binding, None).await;
+        let outcome = if everywhere { "bound" } else { "failed" };
+        metrics::counter!("mpush_bindings_restored_total", "outcome" => outcome).increment(1);
+        if everywhere {
+            return Some(user);
+        }
+        self.router.unbind(&user, info.client_type, info.id).await;
+        None
+    }
+
+    /// ADR 0008: keeps `binding` with a session (`None` clears it). Not
+    /// kept: the client binds itself after its next fast connect. Not
+    /// cleared (the store is down): the session cannot be resumed while it
+    /// is down either; the failure is counted and logged.
+    pub async fn keep_binding(&self, session_id: String, binding: Option<KeptBinding>) {
+        let what = if binding.is_some() { "keep" } else { "clear" };
+        if let Err(e) = self.store.set_binding(&session_id, binding).await {
+            metrics::counter!("mpush_binding_store_errors_total", "op" => what).increment(1);
+            tracing::warn!(error = %e, op = what, "kept binding not written");
+        }
+    }
+
+    /// Registers `binding` on this connection: the route, and the older
+    /// login of the same client type told who replaced it. True when the
+    /// route is written everywhere (false: this node only).
+    async fn bind_as(
+        &self,
+        info: &Arc<ConnInfo>,
+        tx: &Arc<ConnQueue>,
+        binding: &KeptBinding,
+        previous: Option<&Arc<str>>,
+    ) -> (Arc<str>, bool) {
+        let user_id = binding.user_id.as_str();
         if let Some(prev) = previous.filter(|p| &***p != user_id) {
             self.router.unbind(prev, info.client_type, info.id).await;
         }
-        *info.tags.write() = Tags::new(&grant.tags.unwrap_or(tags));
+        *info.tags.write() = Tags::new(&binding.tags);
         let user: Arc<str> = user_id.into();
         let handle = ConnHandle {
             info: info.clone(),
@@ -174,11 +226,14 @@ impl Sessions {
                         tracing::warn!(error = %e, "kick of the older login not sent");
                     }
                 }
+                (user, true)
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "bound locally only"),
+            Ok(None) => (user, true),
+            Err(e) => {
+                tracing::warn!(error = %e, "bound locally only");
+                (user, false)
+            }
         }
-        Ok(user)
     }
 
     pub async fn unbind(&self, user: &str, info: &ConnInfo) -> bool {

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use mpush_protocol::session::{DeviceInfo, SessionRecord, SessionSecret};
+use mpush_protocol::session::{DeviceInfo, KeptBinding, SessionRecord, SessionSecret};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -43,6 +43,8 @@ struct Packed {
     device: Box<str>,
     secret: SessionSecret,
     expire_at_ms: i64,
+    /// ADR 0008; boxed: most sessions keep none.
+    binding: Option<Box<KeptBinding>>,
 }
 
 impl Packed {
@@ -60,6 +62,7 @@ impl Packed {
             device,
             secret: r.secret,
             expire_at_ms: r.expire_at_ms,
+            binding: r.binding.map(Box::new),
         }
     }
 
@@ -76,14 +79,19 @@ impl Packed {
             },
             secret: self.secret.clone(),
             expire_at_ms: self.expire_at_ms,
+            binding: self.binding.as_deref().cloned(),
         }
     }
 
     /// What it costs in memory, roughly: the map slot, the id (shared with
-    /// the order queue) and the device string.
+    /// the order queue), the device string and a kept binding.
     fn bytes(&self, id: &str) -> usize {
-        128 + id.len() + self.device.len()
+        128 + id.len() + self.device.len() + self.binding.as_deref().map_or(0, binding_bytes)
     }
+}
+
+fn binding_bytes(b: &KeptBinding) -> usize {
+    64 + b.user_id.len() + b.tags.len()
 }
 
 impl MemorySessions {
@@ -176,6 +184,23 @@ impl SessionStore for MemorySessions {
             .get(session_id)
             .filter(|r| r.expire_at_ms > now)
             .map(|r| r.unpack(session_id)))
+    }
+
+    async fn set_binding(
+        &self,
+        session_id: &str,
+        binding: Option<KeptBinding>,
+    ) -> Result<bool, StoreError> {
+        let now = unix_ms();
+        let mut g = self.inner.lock();
+        let m = &mut *g;
+        let Some(r) = m.map.get_mut(session_id).filter(|r| r.expire_at_ms > now) else {
+            return Ok(false);
+        };
+        let before = r.bytes(session_id);
+        r.binding = binding.map(Box::new);
+        m.bytes = m.bytes - before + r.bytes(session_id);
+        Ok(true)
     }
 }
 
@@ -713,6 +738,7 @@ mod tests {
         use mpush_protocol::session::{DeviceInfo, SessionSecret};
         let s = MemorySessions::new(100, 1 << 20);
         let record = |i: usize, dev: usize| SessionRecord {
+            binding: None,
             session_id: format!("{i:032}"),
             device: DeviceInfo {
                 device_id: "d".repeat(dev),
@@ -746,6 +772,43 @@ mod tests {
             s.put(record(i, 9000)).await.expect("memory store");
         }
         assert!(s.bytes() <= 1 << 20, "{}", s.bytes());
+    }
+
+    /// ADR 0008: a binding is kept with a live session, counted in its
+    /// bytes, cleared, and never creates a session.
+    #[tokio::test]
+    async fn a_kept_binding_is_set_on_live_sessions_only_and_counted() {
+        use mpush_protocol::session::{DeviceInfo, KeptBinding, SessionSecret};
+        let s = MemorySessions::new(10, 1 << 20);
+        let id = "a".repeat(32);
+        let binding = KeptBinding {
+            user_id: "u".repeat(100),
+            tags: "vip".into(),
+            expires_at_ms: 0,
+        };
+        assert_eq!(s.set_binding(&id, Some(binding.clone())).await, Ok(false));
+        assert!(s.is_empty(), "nothing created");
+        let record = SessionRecord {
+            session_id: id.clone(),
+            device: DeviceInfo::default(),
+            secret: SessionSecret::V2 {
+                resume_key: mpush_protocol::crypto::ResumeKey([3; 32]),
+            },
+            expire_at_ms: unix_ms() + 60_000,
+            binding: None,
+        };
+        s.put(record).await.expect("memory store");
+        let bare = s.bytes();
+        assert_eq!(s.set_binding(&id, Some(binding.clone())).await, Ok(true));
+        assert!(s.bytes() >= bare + 100, "counted: {} vs {bare}", s.bytes());
+        let got = s.get(&id).await.expect("memory store").expect("live");
+        assert_eq!(got.binding, Some(binding));
+        assert_eq!(s.set_binding(&id, None).await, Ok(true));
+        assert_eq!(s.bytes(), bare);
+        assert_eq!(
+            s.get(&id).await.ok().flatten().and_then(|r| r.binding),
+            None
+        );
     }
 
     #[tokio::test]

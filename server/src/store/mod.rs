@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mpush_protocol::session::{AckMode, SessionRecord};
+use mpush_protocol::session::{AckMode, KeptBinding, SessionRecord};
 use serde::Serialize;
 
 pub use idempotency::{Claim, IdempotencyStore, MemoryIdempotency, RedisIdempotency};
@@ -45,6 +45,14 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn get(&self, session_id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// Deletes a session; true when this call deleted it (single-use tickets).
     async fn remove(&self, session_id: &str) -> Result<bool, StoreError>;
+    /// ADR 0008: keeps `binding` with a live session (`None` clears it),
+    /// leaving its expiry as it is. False when the session is gone: this
+    /// never creates one (a ticket used meanwhile stays used).
+    async fn set_binding(
+        &self,
+        session_id: &str,
+        binding: Option<KeptBinding>,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The trace states of a message, per recipient device (the seed fork's

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use bytes::Bytes;
 use mpush_protocol::crypto::ResumeKey;
-use mpush_protocol::session::{AckMode, ClientType, DeviceInfo, SessionRecord, SessionSecret};
+use mpush_protocol::session::{
+    AckMode, ClientType, DeviceInfo, KeptBinding, SessionRecord, SessionSecret,
+};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -90,33 +92,7 @@ impl SessionSealer {
 impl SessionStore for RedisSessions {
     async fn put(&self, r: SessionRecord) -> Result<(), StoreError> {
         let ttl_ms = (r.expire_at_ms - unix_ms()).max(1000);
-        let value = match &r.secret {
-            SessionSecret::Legacy { .. } => r.to_mpush_value().unwrap_or_default(),
-            SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => json!({
-                // "t": a transport-secured session (ADR 0005), resumed only over TLS.
-                "v": 2,
-                "t": r.secret.is_transport(),
-                "deviceId": r.device.device_id,
-                "osName": r.device.os_name,
-                "osVersion": r.device.os_version,
-                "clientVersion": r.device.client_version,
-                "resumeKey": b64(&resume_key.0),
-            })
-            .to_string(),
-        };
-        let value = match &self.sealer {
-            Some(s) => s.seal(&r.session_id, &value),
-            None => value,
-        };
-        let mut c = self.redis.conn();
-        let res: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(format!("mp:rs:{}", r.session_id))
-            .arg(value)
-            .arg("PX")
-            .arg(ttl_ms)
-            .query_async(&mut c)
-            .await;
-        check("sessions", "session put", res)
+        self.write(&r, ttl_ms, false).await.map(drop)
     }
 
     async fn remove(&self, session_id: &str) -> Result<bool, StoreError> {
@@ -138,6 +114,80 @@ impl SessionStore for RedisSessions {
             redis::pipe().get(&key).pttl(&key).query_async(&mut c).await,
         )?;
         Ok(parse_session(&self.sealer, session_id, value, pttl))
+    }
+
+    async fn set_binding(
+        &self,
+        session_id: &str,
+        binding: Option<KeptBinding>,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.redis.conn();
+        let key = format!("mp:rs:{session_id}");
+        let (value, pttl): (Option<String>, i64) = check(
+            "sessions",
+            "session get",
+            redis::pipe().get(&key).pttl(&key).query_async(&mut c).await,
+        )?;
+        let Some(mut r) = parse_session(&self.sealer, session_id, value, pttl) else {
+            return Ok(false);
+        };
+        if pttl <= 0 || r.binding == binding {
+            return Ok(pttl > 0);
+        }
+        r.binding = binding;
+        // XX: a session removed meanwhile (its ticket used) stays removed.
+        self.write(&r, pttl, true).await
+    }
+}
+
+impl RedisSessions {
+    /// SET of a record for `ttl_ms`; with `only_existing`, only over a
+    /// session that is still there (true when written).
+    async fn write(
+        &self,
+        r: &SessionRecord,
+        ttl_ms: i64,
+        only_existing: bool,
+    ) -> Result<bool, StoreError> {
+        let value = match &r.secret {
+            SessionSecret::Legacy { .. } => r.to_mpush_value().unwrap_or_default(),
+            SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key } => {
+                let mut v = json!({
+                    // "t": a transport-secured session (ADR 0005), resumed only over TLS.
+                    "v": 2,
+                    "t": r.secret.is_transport(),
+                    "deviceId": r.device.device_id,
+                    "osName": r.device.os_name,
+                    "osVersion": r.device.os_version,
+                    "clientVersion": r.device.client_version,
+                    "resumeKey": b64(&resume_key.0),
+                });
+                if let Some(b) = &r.binding {
+                    // ADR 0008: the kept binding, sealed with the rest.
+                    v["binding"] = json!({
+                        "userId": b.user_id,
+                        "tags": b.tags,
+                        "expiresAtMs": b.expires_at_ms,
+                    });
+                }
+                v.to_string()
+            }
+        };
+        let value = match &self.sealer {
+            Some(s) => s.seal(&r.session_id, &value),
+            None => value,
+        };
+        let mut c = self.redis.conn();
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("mp:rs:{}", r.session_id))
+            .arg(value)
+            .arg("PX")
+            .arg(ttl_ms);
+        if only_existing {
+            cmd.arg("XX");
+        }
+        let res: redis::RedisResult<Option<String>> = cmd.query_async(&mut c).await;
+        check("sessions", "session put", res).map(|ok| ok.is_some())
     }
 }
 
@@ -177,6 +227,13 @@ fn parse_session(
             },
             secret: SessionSecret::resumable(ResumeKey(key), v["t"].as_bool() == Some(true)),
             expire_at_ms,
+            binding: v.get("binding").and_then(|b| {
+                Some(KeptBinding {
+                    user_id: b["userId"].as_str()?.to_owned(),
+                    tags: b["tags"].as_str().unwrap_or_default().to_owned(),
+                    expires_at_ms: b["expiresAtMs"].as_i64().unwrap_or(0),
+                })
+            }),
         })
     }
 }
