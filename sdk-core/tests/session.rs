@@ -13,7 +13,7 @@ use mpush_protocol::message::Redirect;
 use mpush_protocol::server::{
     Answer, BindRefusal, OutboundPush, ServerConfig, ServerConnection, ServerEvent, UpPushRefusal,
 };
-use mpush_protocol::session::{AckMode, SessionRecord};
+use mpush_protocol::session::{AckMode, KeptBinding, SessionRecord};
 use mpush_protocol::testing::{default_key, test_device};
 use mpush_sdk_core::{Action, Session, SessionConfig, SessionError, SessionEvent, SessionState};
 
@@ -27,6 +27,8 @@ struct Net {
     events: Vec<SessionEvent>,
     server_events: Vec<ServerEvent>,
     opened: Vec<String>,
+    /// The server keeps bindings (ADR 0008) and rotates tickets in `store`.
+    keep: bool,
 }
 
 impl Net {
@@ -55,9 +57,45 @@ impl Net {
             events: Vec::new(),
             server_events: Vec::new(),
             opened: Vec::new(),
+            keep: false,
         };
         n.pump();
         n
+    }
+
+    /// A v2 session against a server that keeps bindings (ADR 0008).
+    fn keeping() -> Self {
+        let key: Arc<RsaPrivate> = default_key();
+        let mut sc = ServerConfig::new(key);
+        sc.keep_binding = true;
+        let mut n = Self::new(&[], true);
+        n.up.insert("a:1".into());
+        n.sconf = Arc::new(sc);
+        n.keep = true;
+        n.session = Session::new(
+            {
+                let mut c = SessionConfig::new(
+                    vec!["a:1".into()],
+                    Arc::new(default_key().public()),
+                    test_device(),
+                );
+                c.offer_v2 = true;
+                c
+            },
+            None,
+            [7; 32],
+            n.now,
+            1_700_000_000_000,
+        );
+        n.pump();
+        n
+    }
+
+    /// ADR 0008's driver side: what the server keeps with the session.
+    fn keep_binding(&mut self, id: Option<String>, binding: Option<KeptBinding>) {
+        if let Some(r) = id.and_then(|id| self.store.get_mut(&id)) {
+            r.binding = binding;
+        }
     }
 
     fn pump(&mut self) {
@@ -121,6 +159,39 @@ impl Net {
 
     fn serve(&mut self, e: &ServerEvent) {
         let now = self.now;
+        if self.keep {
+            let kept = self.server.as_ref().and_then(|(_, s)| s.kept_session());
+            match e {
+                ServerEvent::Resumed {
+                    session, replaces, ..
+                } => {
+                    if let Some(old) = replaces {
+                        self.store.remove(old);
+                    }
+                    if let Some(r) = session {
+                        self.store.insert(r.session_id.clone(), r.clone());
+                    }
+                }
+                ServerEvent::BindRequested { user_id, tags, .. } => {
+                    let b = KeptBinding {
+                        user_id: user_id.clone(),
+                        tags: tags.clone(),
+                        expires_at_ms: 0,
+                    };
+                    self.keep_binding(kept, Some(b));
+                }
+                ServerEvent::UnbindRequested { .. } => self.keep_binding(kept, None),
+                ServerEvent::ForgetBinding { session_id } => {
+                    self.keep_binding(Some(session_id.clone()), None);
+                }
+                ServerEvent::RestoreRequested { .. } => {
+                    if let Some((_, s)) = &mut self.server {
+                        s.handle_answer(Answer::Restored(true), now);
+                    }
+                }
+                _ => {}
+            }
+        }
         let Some((_, s)) = &mut self.server else {
             return;
         };
@@ -265,6 +336,67 @@ fn backoff_grows_with_jitter_and_resets_when_the_network_is_back() {
     n.pump();
     assert_eq!(n.connected().len(), before + 1, "connected at once");
     assert_eq!(n.connected().last().map(|c| c.0.as_str()), Some("b:2"));
+}
+
+/// ADR 0008: a resume that comes back bound to the user the app still
+/// wants sends no BIND and still settles the app's bind; another user, or
+/// an unbind made offline, is not left to the kept binding.
+#[test]
+fn a_resume_that_kept_the_binding_sends_no_bind() {
+    let mut n = Net::keeping();
+    let binds = |n: &Net| {
+        n.server_events
+            .iter()
+            .filter(|e| matches!(e, ServerEvent::BindRequested { .. }))
+            .count()
+    };
+    let restores = |n: &Net| {
+        n.server_events
+            .iter()
+            .filter(|e| matches!(e, ServerEvent::RestoreRequested { .. }))
+            .count()
+    };
+    let ok = |n: &Net, user: &str| {
+        n.count(
+            |e| matches!(e, SessionEvent::BindResult { ok: true, user_id, .. } if user_id == user),
+        )
+    };
+    let now = n.now;
+    let first = n.session.bind("u1", "t", "", now).expect("bind");
+    n.pump();
+    assert_eq!((binds(&n), ok(&n, "u1")), (1, 1));
+    assert_eq!(settled(&n, first), vec![Ok(())]);
+    for round in 0..2 {
+        n.cut();
+        n.advance(Duration::from_secs(3));
+        assert_eq!(n.connected().last(), Some(&("a:1".to_string(), true)));
+        assert_eq!(restores(&n), round + 1, "restored (round {round})");
+        assert_eq!(binds(&n), 1, "no BIND after the resume (round {round})");
+        assert_eq!(ok(&n, "u1"), round + 2, "the app hears it is bound");
+    }
+    // Another user asked for while offline: the resume restores u1, the
+    // SDK binds u2 (the server replaces u1).
+    n.cut();
+    let now = n.now;
+    let second = n.session.bind("u2", "", "", now).expect("bind");
+    n.advance(Duration::from_secs(3));
+    assert_eq!(binds(&n), 2);
+    assert_eq!(settled(&n, second), vec![Ok(())]);
+    // An unbind made offline drops the ticket: a full handshake, a session
+    // with nothing kept.
+    n.cut();
+    let now = n.now;
+    n.session.unbind(now).expect("unbind");
+    n.pump();
+    assert!(
+        n.events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::TicketUpdated { ticket } if ticket.is_empty()))
+    );
+    let before = restores(&n);
+    n.advance(Duration::from_secs(3));
+    assert_eq!(n.connected().last(), Some(&("a:1".to_string(), false)));
+    assert_eq!(restores(&n), before);
 }
 
 #[test]

@@ -44,11 +44,20 @@ impl Session {
     pub fn unbind(&mut self, now: Instant) -> Result<u64, SessionError> {
         self.alive()?;
         self.fail_binds("unbound before the server answered");
-        if let Some((user, ..)) = self.user.take()
-            && let Link::Connected { conn, .. } = &mut self.link
-        {
-            let _ = conn.unbind(&user, now);
-            self.pump(now);
+        self.confirmed = None;
+        let online = matches!(&self.link, Link::Connected { conn, .. } if conn.is_established());
+        if let Some((user, ..)) = self.user.take() {
+            if let (true, Link::Connected { conn, .. }) = (online, &mut self.link) {
+                let _ = conn.unbind(&user, now);
+                self.pump(now);
+            } else if self.ticket.take().is_some() {
+                // Offline: the server may keep the binding with the session
+                // (ADR 0008) and restore it on the next fast connect. A
+                // full handshake starts a session with none.
+                self.events.push_back(SessionEvent::TicketUpdated {
+                    ticket: String::new(),
+                });
+            }
         }
         let request = self.new_request();
         self.settle(request, Ok(()));

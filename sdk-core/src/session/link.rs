@@ -184,7 +184,21 @@ impl Session {
                 if let (Some((u, t, k)), Link::Connected { conn, .. }) =
                     (self.user.clone(), &mut self.link)
                 {
-                    let _ = conn.bind(&u, &t, &k, now);
+                    // ADR 0008: resumed already bound to the user the app
+                    // still wants, with the same tags and token: no BIND.
+                    let kept = resumed
+                        && conn.binding_kept()
+                        && self.confirmed.as_ref() == self.user.as_ref();
+                    if kept {
+                        self.settle_binds(Ok(()));
+                        self.events.push_back(SessionEvent::BindResult {
+                            user_id: u,
+                            ok: true,
+                            reason: String::new(),
+                        });
+                    } else {
+                        let _ = conn.bind(&u, &t, &k, now);
+                    }
                 }
                 while let Some(item) = self.outbound.pop_front() {
                     self.send_outbound(item, now);
@@ -198,6 +212,7 @@ impl Session {
             }
             ClientEvent::BindOk { user_id } => {
                 if self.user.as_ref().is_some_and(|(u, ..)| *u == user_id) {
+                    self.confirmed = self.user.clone();
                     self.settle_binds(Ok(()));
                 }
                 self.events.push_back(SessionEvent::BindResult {

@@ -106,6 +106,10 @@ pub struct Session {
     /// Attempts in the current round over the server list.
     tried: usize,
     user: Option<(String, String, String)>,
+    /// The (user, tags, token) the server last confirmed on this session's
+    /// chain of tickets: a fast connect that comes back with the binding
+    /// kept (ADR 0008) needs no BIND while it is still `user`.
+    confirmed: Option<(String, String, String)>,
     /// `bind` requests for `user` not answered yet (all settle together).
     binds: Vec<u64>,
     outbound: VecDeque<Outbound>,
@@ -171,6 +175,7 @@ impl Session {
             next_server: 0,
             tried: 0,
             user: None,
+            confirmed: None,
             binds: Vec::new(),
             outbound: VecDeque::new(),
             next_request: 1,
