@@ -45,7 +45,15 @@ pub struct RunArgs {
     /// The server binary (default: `mpush-server` next to this one).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
+    /// Load clients bind again after every fast connect instead of asking
+    /// the server to keep their binding (ADR 0008): the protocol before it,
+    /// for an A/B of the fast connect.
+    #[arg(long)]
+    pub rebind: bool,
 }
+
+/// `--rebind`, for every worker this run starts.
+static REBIND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 struct Proc {
     child: tokio::process::Child,
@@ -526,6 +534,9 @@ impl Workers {
             }
             if let Some(ca) = tls_ca {
                 cmd.arg("--tls-ca").arg(ca);
+            }
+            if REBIND.load(std::sync::atomic::Ordering::Relaxed) {
+                cmd.arg("--rebind");
             }
             cmd.args(extra);
             procs.push(Proc::spawn(cmd)?);
@@ -1726,6 +1737,7 @@ pub fn command(quick: bool) -> String {
 }
 
 pub async fn run(a: RunArgs) -> Result<()> {
+    REBIND.store(a.rebind, std::sync::atomic::Ordering::Relaxed);
     let me = std::env::current_exe()?;
     let bin = match &a.server_bin {
         Some(b) => b.clone(),

@@ -67,6 +67,10 @@ pub struct WorkerArgs {
     /// (attempt to bind) goes into the histogram.
     #[arg(long)]
     pub storm: bool,
+    /// Bind again after every fast connect instead of asking the server to
+    /// keep the binding (ADR 0008), as clients before it did.
+    #[arg(long)]
+    pub rebind: bool,
 }
 
 type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
@@ -287,6 +291,7 @@ fn client_config(args: &WorkerArgs, i: usize, timeout: Duration) -> Arc<ClientCo
     cfg.transport_secured = args.tls_ca.is_some();
     cfg.handshake_timeout = timeout;
     cfg.bind_timeout = timeout;
+    cfg.keep_binding = !args.rebind;
     Arc::new(cfg)
 }
 
@@ -359,7 +364,12 @@ async fn protocol_client(
                         if resumed {
                             shared.resumed.fetch_add(1, Ordering::Relaxed);
                         }
-                        let _ = m.bind(&user, "", "", Instant::now());
+                        if !m.binding_kept() {
+                            let _ = m.bind(&user, "", "", Instant::now());
+                        } else if permit.take().is_some() {
+                            // ADR 0008: resumed already bound.
+                            shared.bound.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     ClientEvent::BindOk { .. } if permit.take().is_some() => {
                         shared.bound.fetch_add(1, Ordering::Relaxed);
@@ -482,23 +492,21 @@ async fn storm_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate
         // What to wait before the next attempt, and where to go.
         let wait: Duration = 'conn: loop {
             while let Some(e) = m.poll_event() {
+                let mut now_bound = false;
                 match e {
                     ClientEvent::Connected { ticket: t, .. } => {
                         if let Some(t) = t {
                             ticket = Some(t);
                         }
                         backoff.reset();
-                        let _ = m.bind(&user, "", "", Instant::now());
-                    }
-                    ClientEvent::BindOk { .. } if !bound => {
-                        bound = true;
-                        permit.take();
-                        shared.bound.fetch_add(1, Ordering::Relaxed);
-                        shared.bound_now.fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut h) = shared.hist.lock() {
-                            let _ = h.record((started.elapsed().as_micros() as u64).max(1));
+                        // ADR 0008: a resume may come back already bound.
+                        if m.binding_kept() {
+                            now_bound = true;
+                        } else {
+                            let _ = m.bind(&user, "", "", Instant::now());
                         }
                     }
+                    ClientEvent::BindOk { .. } => now_bound = true,
                     ClientEvent::Redirect(r) => {
                         if !r.address.is_empty() {
                             target = r.address.clone();
@@ -513,6 +521,15 @@ async fn storm_client(i: usize, args: Arc<WorkerArgs>, shared: Arc<Shared>, gate
                     }
                     ClientEvent::Closed { .. } => break 'conn backoff.next_delay(&mut rng),
                     _ => {}
+                }
+                if now_bound && !bound {
+                    bound = true;
+                    permit.take();
+                    shared.bound.fetch_add(1, Ordering::Relaxed);
+                    shared.bound_now.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut h) = shared.hist.lock() {
+                        let _ = h.record((started.elapsed().as_micros() as u64).max(1));
+                    }
                 }
             }
             while let Some(b) = m.poll_transmit() {
