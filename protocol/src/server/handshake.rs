@@ -138,6 +138,9 @@ impl ServerConnection {
             let echo = self.honour_features(hs.capabilities.as_ref());
             v2::Capabilities::v2().with_features(echo)
         });
+        let keep = capabilities
+            .as_ref()
+            .is_some_and(|c| c.features & v2::FEATURE_KEEP_BINDING != 0);
         let (heartbeat, ok) =
             self.session_offer(&hs, &id_raw, server_key.to_vec(), capabilities, now);
         // HANDSHAKE_OK always goes out under AES-CBC(clientKey, iv), as in mpush.
@@ -174,7 +177,7 @@ impl ServerConnection {
             expire_at_ms: ok.expire_time,
             binding: None,
         };
-        self.handshake_established(Some(cipher), profile, heartbeat, session, now);
+        self.handshake_established(Some(cipher), profile, heartbeat, session, keep, now);
         Ok(())
     }
 
@@ -209,20 +212,19 @@ impl ServerConnection {
             self.sealer.never_compress();
             echo |= v2::FEATURE_PLAIN_BODIES;
         }
-        self.keep_binding =
-            self.config.keep_binding && caps.is_some_and(v2::Capabilities::wants_keep_binding);
-        if self.keep_binding {
+        if self.config.keep_binding && caps.is_some_and(v2::Capabilities::wants_keep_binding) {
             echo |= v2::FEATURE_KEEP_BINDING;
         }
         echo
     }
 
-    /// With `keep_binding`: remembers the session a binding is kept under.
-    pub(super) fn keep_session(&mut self, session_id: &str) {
-        self.kept_session = if self.keep_binding {
-            super::unhex_id(session_id).map(Box::new)
+    /// With `keep` (the echo had `FEATURE_KEEP_BINDING`): remembers the
+    /// session a binding is kept under.
+    pub(super) fn keep_session(&mut self, session_id: &str, keep: bool) {
+        self.kept_session = if keep {
+            super::unhex_id(session_id).unwrap_or_default()
         } else {
-            None
+            [0; 16]
         };
     }
 
@@ -234,12 +236,13 @@ impl ServerConnection {
         profile: Profile,
         heartbeat: Duration,
         session: SessionRecord,
+        keep: bool,
         now: Instant,
     ) {
         self.sealer.set_cipher(cipher);
         self.profile = profile;
         self.set_heartbeat(heartbeat, now);
-        self.keep_session(&session.session_id);
+        self.keep_session(&session.session_id, keep);
         self.establish();
         let device = session.device.clone();
         self.events.push_back(ServerEvent::HandshakeCompleted {
@@ -282,6 +285,7 @@ impl ServerConnection {
             return Ok(());
         };
         let echo = self.honour_features(hs.capabilities.as_ref());
+        let keep = echo & v2::FEATURE_KEEP_BINDING != 0;
         let capabilities = Some(v2::Capabilities::transport().with_features(echo));
         let (heartbeat, ok) = self.session_offer(&hs, &id_raw, key.to_vec(), capabilities, now);
         self.send_plain(Command::HANDSHAKE, request, ok.to_bytes());
@@ -295,7 +299,7 @@ impl ServerConnection {
             expire_at_ms: ok.expire_time,
             binding: None,
         };
-        self.handshake_established(None, Profile::V2, heartbeat, session, now);
+        self.handshake_established(None, Profile::V2, heartbeat, session, keep, now);
         Ok(())
     }
 

@@ -74,10 +74,10 @@ impl ServerConnection {
     pub fn kick(&mut self, device_id: &str, user_id: &str) {
         // A kicked connection's binding is not restored by its next fast
         // connect (ADR 0008), and none is kept on it from now on.
-        if let Some(id) = self.kept_session.take() {
-            self.events.push_back(ServerEvent::ForgetBinding {
-                session_id: super::hex_id(&id[..]),
-            });
+        if let Some(session_id) = self.kept_session() {
+            self.kept_session = [0; 16];
+            self.events
+                .push_back(ServerEvent::ForgetBinding { session_id });
         }
         if self.is_established() {
             let body = Kick {

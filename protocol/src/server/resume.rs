@@ -79,6 +79,7 @@ impl ServerConnection {
         let now_ms = self.unix_ms(now);
         let mut next = None;
         let mut restore = None;
+        let mut keep = false;
         let (cipher, profile, accept) = match (&record.secret, &request.proof) {
             (SessionSecret::Legacy { key, iv }, _) => {
                 (Some(SessionCipher::cbc(key, *iv)), Profile::Legacy, None)
@@ -100,17 +101,15 @@ impl ServerConnection {
                 else {
                     return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
                 };
-                self.honour_features(proof.capabilities.as_ref());
+                keep = self.honour_features(proof.capabilities.as_ref()) & v2::FEATURE_KEEP_BINDING
+                    != 0;
                 let next_id = hex_id(&next_raw);
                 let next_expire = now_ms + duration_ms_i64(self.config.session_ttl);
                 let next_key =
                     crate::crypto::next_resume_key(resume_key, &proof.client_nonce, &server_nonce);
                 // A kept binding travels with the ticket's rotation while
                 // the client still asks for it and its token is good.
-                restore = record
-                    .binding
-                    .clone()
-                    .filter(|b| self.keep_binding && b.is_live(now_ms));
+                restore = record.binding.clone().filter(|b| keep && b.is_live(now_ms));
                 next = Some(SessionRecord {
                     session_id: next_id.clone(),
                     device: record.device.clone(),
@@ -151,7 +150,7 @@ impl ServerConnection {
         self.set_heartbeat(heartbeat, now);
         self.user = None;
         if let Some(n) = &next {
-            self.keep_session(&n.session_id);
+            self.keep_session(&n.session_id, keep);
         }
         let replaces = next.as_ref().map(|_| record.session_id.clone());
         self.events.push_back(ServerEvent::Resumed {

@@ -38,13 +38,14 @@ struct SessionMap {
     bytes: usize,
 }
 
-/// A `SessionRecord` without its id, the device fields joined by `\0`.
+/// A `SessionRecord` without its id in one string: `<n>:` and the kept
+/// binding's `n` bytes (ADR 0008, `pack_binding`; `0:` for none), then the
+/// device fields joined by `\0`. One allocation per session, a kept binding
+/// or not.
 struct Packed {
-    device: Box<str>,
+    fields: Box<str>,
     secret: SessionSecret,
     expire_at_ms: i64,
-    /// ADR 0008; boxed: most sessions keep none.
-    binding: Option<Box<KeptBinding>>,
 }
 
 impl Packed {
@@ -56,18 +57,34 @@ impl Packed {
             &d.os_version,
             &d.client_version,
         ]
-        .join("\0")
-        .into_boxed_str();
+        .join("\0");
         Self {
-            device,
+            fields: pack(r.binding.as_ref(), &device),
             secret: r.secret,
             expire_at_ms: r.expire_at_ms,
-            binding: r.binding.map(Box::new),
         }
     }
 
+    /// The packed binding (if any) and the device part.
+    fn parts(&self) -> (Option<&str>, &str) {
+        let Some((n, rest)) = self.fields.split_once(':') else {
+            return (None, &self.fields);
+        };
+        let n: usize = n.parse().unwrap_or(0);
+        match (rest.get(..n), rest.get(n..)) {
+            (Some(b), Some(device)) => ((n > 0).then_some(b), device),
+            _ => (None, rest),
+        }
+    }
+
+    fn set_binding(&mut self, binding: Option<&KeptBinding>) {
+        let device = self.parts().1.to_owned();
+        self.fields = pack(binding, &device);
+    }
+
     fn unpack(&self, session_id: &str) -> SessionRecord {
-        let mut f = self.device.split('\0').map(str::to_owned);
+        let (binding, device) = self.parts();
+        let mut f = device.split('\0').map(str::to_owned);
         let mut next = || f.next().unwrap_or_default();
         SessionRecord {
             session_id: session_id.to_owned(),
@@ -79,19 +96,43 @@ impl Packed {
             },
             secret: self.secret.clone(),
             expire_at_ms: self.expire_at_ms,
-            binding: self.binding.as_deref().cloned(),
+            binding: binding.and_then(unpack_binding),
         }
     }
 
     /// What it costs in memory, roughly: the map slot, the id (shared with
-    /// the order queue), the device string and a kept binding.
+    /// the order queue) and the packed string.
     fn bytes(&self, id: &str) -> usize {
-        128 + id.len() + self.device.len() + self.binding.as_deref().map_or(0, binding_bytes)
+        128 + id.len() + self.fields.len()
     }
 }
 
-fn binding_bytes(b: &KeptBinding) -> usize {
-    64 + b.user_id.len() + b.tags.len()
+fn pack(binding: Option<&KeptBinding>, device: &str) -> Box<str> {
+    let b = binding.map(pack_binding).unwrap_or_default();
+    format!("{}:{b}{device}", b.len()).into_boxed_str()
+}
+
+/// `<expiry>:<user id length>:<user id><tags>`: length-prefixed, so no
+/// byte of a user id or tags can move a field.
+fn pack_binding(b: &KeptBinding) -> String {
+    format!(
+        "{}:{}:{}{}",
+        b.expires_at_ms,
+        b.user_id.len(),
+        b.user_id,
+        b.tags
+    )
+}
+
+fn unpack_binding(s: &str) -> Option<KeptBinding> {
+    let (exp, rest) = s.split_once(':')?;
+    let (len, rest) = rest.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    Some(KeptBinding {
+        user_id: rest.get(..len)?.to_owned(),
+        tags: rest.get(len..)?.to_owned(),
+        expires_at_ms: exp.parse().ok()?,
+    })
 }
 
 impl MemorySessions {
@@ -198,7 +239,7 @@ impl SessionStore for MemorySessions {
             return Ok(false);
         };
         let before = r.bytes(session_id);
-        r.binding = binding.map(Box::new);
+        r.set_binding(binding.as_ref());
         m.bytes = m.bytes - before + r.bytes(session_id);
         Ok(true)
     }
@@ -782,15 +823,21 @@ mod tests {
         let s = MemorySessions::new(10, 1 << 20);
         let id = "a".repeat(32);
         let binding = KeptBinding {
-            user_id: "u".repeat(100),
-            tags: "vip".into(),
-            expires_at_ms: 0,
+            // Separators inside the fields move nothing.
+            user_id: format!("{}:7:x\0", "u".repeat(100)),
+            tags: "vip,a:b".into(),
+            expires_at_ms: 1_700_000_000_000,
         };
         assert_eq!(s.set_binding(&id, Some(binding.clone())).await, Ok(false));
         assert!(s.is_empty(), "nothing created");
         let record = SessionRecord {
             session_id: id.clone(),
-            device: DeviceInfo::default(),
+            device: DeviceInfo {
+                // Looks like the packed header: moves nothing either.
+                device_id: "3:ab".into(),
+                os_name: "android".into(),
+                ..Default::default()
+            },
             secret: SessionSecret::V2 {
                 resume_key: mpush_protocol::crypto::ResumeKey([3; 32]),
             },
@@ -803,6 +850,10 @@ mod tests {
         assert!(s.bytes() >= bare + 100, "counted: {} vs {bare}", s.bytes());
         let got = s.get(&id).await.expect("memory store").expect("live");
         assert_eq!(got.binding, Some(binding));
+        assert_eq!(
+            (got.device.device_id.as_str(), got.device.os_name.as_str()),
+            ("3:ab", "android")
+        );
         assert_eq!(s.set_binding(&id, None).await, Ok(true));
         assert_eq!(s.bytes(), bare);
         assert_eq!(
