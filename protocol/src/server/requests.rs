@@ -50,7 +50,7 @@ impl ServerConnection {
             user_id: b.user_id,
             tags: b.tags,
             token: b.data,
-            previous_user: self.user.clone(),
+            previous_user: self.user.as_deref().map(String::from),
         });
         Ok(())
     }
@@ -68,7 +68,7 @@ impl ServerConnection {
         }
         match result {
             Ok(()) => {
-                self.user = Some(user_id);
+                self.user = Some(user_id.into_boxed_str());
                 self.reply_ok(Command::BIND, request, "bind success");
             }
             Err(refusal) => {

@@ -200,7 +200,7 @@ impl ServerConnection {
         }
         self.send_plain(Command::FAST_CONNECT, packet_id, ok.to_bytes());
         if bound {
-            self.user = Some(user_id);
+            self.user = Some(user_id.into_boxed_str());
         }
         self.establish();
         self.process_input(now);
