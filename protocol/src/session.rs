@@ -352,11 +352,7 @@ impl ResumeTicket {
                 },
                 self.session_id,
                 self.expire_at_ms,
-                resume_key
-                    .0
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                hex::encode(resume_key.0.as_slice())
             ),
         }
     }
@@ -373,13 +369,9 @@ impl ResumeTicket {
         let [sid, exp, key] = parts.as_slice() else {
             return None;
         };
-        if key.len() != 64 || !key.is_ascii() {
-            return None;
-        }
+        // Exactly 64 hex digits (no sign, as `from_str_radix` per pair took).
         let mut k = [0u8; crate::crypto::RESUME_KEY_LEN];
-        for (i, b) in k.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&key[2 * i..2 * i + 2], 16).ok()?;
-        }
+        hex::decode_to_slice(key, &mut k).ok()?;
         let resume_key = crate::crypto::ResumeKey(k);
         Some(Self {
             session_id: (*sid).to_owned(),
