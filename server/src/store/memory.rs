@@ -39,7 +39,7 @@ struct SessionMap {
 }
 
 /// A `SessionRecord` without its id in one string: `<n>:` and the kept
-/// binding's `n` bytes (ADR 0008, `pack_binding`; `0:` for none), then the
+/// binding's `n` bytes (ADR 0008, see `pack`; `0:` for none), then the
 /// device fields joined by `\0`. One allocation per session, a kept binding
 /// or not.
 struct Packed {
@@ -56,8 +56,7 @@ impl Packed {
             &d.os_name,
             &d.os_version,
             &d.client_version,
-        ]
-        .join("\0");
+        ];
         Self {
             fields: pack(r.binding.as_ref(), &device),
             secret: r.secret,
@@ -78,8 +77,8 @@ impl Packed {
     }
 
     fn set_binding(&mut self, binding: Option<&KeptBinding>) {
-        let device = self.parts().1.to_owned();
-        self.fields = pack(binding, &device);
+        let fields = pack(binding, &[self.parts().1]);
+        self.fields = fields;
     }
 
     fn unpack(&self, session_id: &str) -> SessionRecord {
@@ -107,21 +106,37 @@ impl Packed {
     }
 }
 
-fn pack(binding: Option<&KeptBinding>, device: &str) -> Box<str> {
-    let b = binding.map(pack_binding).unwrap_or_default();
-    format!("{}:{b}{device}", b.len()).into_boxed_str()
-}
-
-/// `<expiry>:<user id length>:<user id><tags>`: length-prefixed, so no
-/// byte of a user id or tags can move a field.
-fn pack_binding(b: &KeptBinding) -> String {
-    format!(
-        "{}:{}:{}{}",
-        b.expires_at_ms,
-        b.user_id.len(),
-        b.user_id,
-        b.tags
-    )
+/// `Packed::fields` in one allocation of its exact size: every full
+/// handshake and fast connect stores a session, so no `format!` and no
+/// intermediate strings here. `device` is joined with `\0`.
+fn pack(binding: Option<&KeptBinding>, device: &[&str]) -> Box<str> {
+    // `<expiry>:<user id length>:<user id><tags>`: length-prefixed, so no
+    // byte of a user id or tags can move a field.
+    let (mut exp, mut ulen) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let b = binding.map(|b| (exp.format(b.expires_at_ms), ulen.format(b.user_id.len()), b));
+    let b_len = b.map_or(0, |(e, u, b)| {
+        e.len() + u.len() + 2 + b.user_id.len() + b.tags.len()
+    });
+    let mut n = itoa::Buffer::new();
+    let n = n.format(b_len);
+    let d_len = device.iter().map(|d| d.len()).sum::<usize>() + device.len().saturating_sub(1);
+    let mut s = String::with_capacity(n.len() + 1 + b_len + d_len);
+    s.push_str(n);
+    s.push(':');
+    if let Some((e, u, b)) = b {
+        for part in [e, ":", u, ":", &b.user_id, &b.tags] {
+            s.push_str(part);
+        }
+    }
+    for (i, d) in device.iter().enumerate() {
+        if i > 0 {
+            s.push('\0');
+        }
+        s.push_str(d);
+    }
+    // Exact: `into_boxed_str` keeps the allocation as it is.
+    debug_assert_eq!(s.len(), s.capacity());
+    s.into_boxed_str()
 }
 
 fn unpack_binding(s: &str) -> Option<KeptBinding> {
@@ -245,13 +260,51 @@ impl SessionStore for MemorySessions {
     }
 }
 
+/// A recipient's trace as the embedded store keeps it: the ids shared with
+/// the index and the events (no copies), the first state changes inline. A
+/// unicast's recipient costs no allocation of its own (a `RecipientState`
+/// took four: both ids, the history and its growth to a second state);
+/// `view` builds the answer's form when a trace is read.
+struct Recipient {
+    user_id: Arc<str>,
+    /// Empty while the user was offline.
+    device_id: Arc<str>,
+    client_type: mpush_protocol::session::ClientType,
+    state: TraceState,
+    detail: Option<Box<str>>,
+    updated_at_ms: i64,
+    /// DISPATCHED and DELIVERED (or ACKED) fit inline.
+    history: smallvec::SmallVec<[(TraceState, i64, Option<Box<str>>); 2]>,
+}
+
+impl Recipient {
+    fn view(&self) -> RecipientState {
+        RecipientState {
+            user_id: self.user_id.to_string(),
+            device_id: self.device_id.to_string(),
+            client_type: self.client_type,
+            state: self.state,
+            detail: self.detail.as_deref().map(str::to_owned),
+            updated_at_ms: self.updated_at_ms,
+            history: self
+                .history
+                .iter()
+                .map(|(s, at, d)| (*s, *at, d.as_deref().map(str::to_owned)))
+                .collect(),
+        }
+    }
+}
+
 struct TraceEntry {
     created_at_ms: i64,
     expires_at_ms: i64,
-    recipients: Vec<RecipientState>,
+    recipients: Vec<Recipient>,
     /// (user, device) → index in `recipients`; a device-less offline
     /// placeholder is under (user, "").
     index: FxHashMap<(Arc<str>, Arc<str>), usize>,
+    /// How many of `index`'s keys are such placeholders: while none is, a
+    /// recipient's first event looks nothing more up.
+    placeholders: usize,
     /// A broadcast's counts per node, and its failures.
     counts: FxHashMap<Arc<str>, StateCounts>,
     /// The nodes that handed every copy on, and whether theirs wait for ACKs.
@@ -317,17 +370,21 @@ impl TraceMap {
         let key = (e.user_id.clone(), e.device_id.clone());
         // The offline placeholder (no device) becomes the device that got it.
         let idx = entry.index.get(&key).copied().or_else(|| {
+            if entry.placeholders == 0 || e.device_id.is_empty() {
+                return None;
+            }
             let placeholder = (e.user_id.clone(), Arc::<str>::from(""));
             let i = entry.index.remove(&placeholder)?;
+            entry.placeholders -= 1;
             entry.index.insert(key.clone(), i);
             Some(i)
         });
-        let detail = e.detail.as_deref().map(str::to_owned);
+        let detail = e.detail.as_deref().map(Box::<str>::from);
         let added = match idx {
             Some(i) => {
                 let r = &mut entry.recipients[i];
                 if r.device_id.is_empty() {
-                    r.device_id = e.device_id.to_string();
+                    r.device_id = e.device_id.clone();
                     r.client_type = e.client_type;
                 }
                 // Keep how it started and how it is going.
@@ -349,15 +406,16 @@ impl TraceMap {
                 let added = 160
                     + 3 * (e.user_id.len() + e.device_id.len())
                     + 2 * event_bytes(detail.as_deref());
+                entry.placeholders += usize::from(key.1.is_empty());
                 entry.index.insert(key, entry.recipients.len());
-                entry.recipients.push(RecipientState {
-                    user_id: e.user_id.to_string(),
-                    device_id: e.device_id.to_string(),
+                entry.recipients.push(Recipient {
+                    user_id: e.user_id.clone(),
+                    device_id: e.device_id.clone(),
                     client_type: e.client_type,
                     state: e.state,
                     detail: detail.clone(),
                     updated_at_ms: e.at_ms,
-                    history: vec![(e.state, e.at_ms, detail)],
+                    history: smallvec::smallvec![(e.state, e.at_ms, detail)],
                 });
                 added
             }
@@ -506,6 +564,7 @@ impl TraceStore for MemoryTraces {
                 expires_at_ms,
                 recipients: Vec::new(),
                 index: FxHashMap::default(),
+                placeholders: 0,
                 counts: FxHashMap::default(),
                 handed: FxHashMap::default(),
                 failures: Vec::new(),
@@ -558,7 +617,7 @@ impl TraceStore for MemoryTraces {
         Ok(Some(view(
             trace_id,
             e.created_at_ms,
-            e.recipients.clone(),
+            e.recipients.iter().map(Recipient::view).collect(),
             nodes,
             &handed,
             None,
@@ -697,6 +756,73 @@ mod tests {
         }
     }
 
+    /// An offline recipient's placeholder (no device) becomes the device
+    /// that got the message, once; another device of the same user, and a
+    /// user never offline, are recipients of their own.
+    #[tokio::test]
+    async fn an_offline_placeholder_becomes_the_device_that_got_it() {
+        let t = MemoryTraces::new(3600, 1_000, 1 << 20);
+        t.create("t", unix_ms()).await.expect("memory store");
+        let at = |user: &str, device: &str, state: TraceState, detail: Option<&'static str>| {
+            TraceEvent {
+                device_id: device.into(),
+                state,
+                ..ev("t", user, detail)
+            }
+        };
+        t.record(&[
+            at("u1", "", TraceState::Offline, Some("kept")),
+            at("u2", "d2", TraceState::Dispatched, None),
+            at("u1", "d1", TraceState::Dispatched, None),
+            at("u1", "d1", TraceState::Delivered, None),
+            at("u1", "d9", TraceState::Dispatched, None),
+            at("u2", "d2", TraceState::Delivered, Some("late")),
+        ])
+        .await
+        .expect("memory store");
+        let v = t.get("t").await.expect("memory store").expect("kept");
+        let mut got: Vec<_> = v
+            .recipients
+            .iter()
+            .map(|r| {
+                let states: Vec<_> = r.history.iter().map(|h| (h.0, h.2.clone())).collect();
+                (
+                    r.user_id.as_str(),
+                    r.device_id.as_str(),
+                    r.state,
+                    r.detail.clone(),
+                    states,
+                )
+            })
+            .collect();
+        got.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        use TraceState::{Delivered, Dispatched, Offline};
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "u1",
+                    "d1",
+                    Delivered,
+                    None,
+                    vec![
+                        (Offline, Some("kept".into())),
+                        (Dispatched, None),
+                        (Delivered, None)
+                    ]
+                ),
+                ("u1", "d9", Dispatched, None, vec![(Dispatched, None)]),
+                (
+                    "u2",
+                    "d2",
+                    Delivered,
+                    Some("late".into()),
+                    vec![(Dispatched, None), (Delivered, Some("late".into()))]
+                ),
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn traces_are_bounded_by_bytes_and_history() {
         let t = MemoryTraces::new(3600, 1_000_000, 64 << 10);
@@ -813,6 +939,38 @@ mod tests {
             s.put(record(i, 9000)).await.expect("memory store");
         }
         assert!(s.bytes() <= 1 << 20, "{}", s.bytes());
+    }
+
+    proptest::proptest! {
+        /// Whatever the fields hold (separators, digits, multibyte text),
+        /// a session packs into one string of its exact size and comes back
+        /// as it went in, a binding set later included.
+        #[test]
+        fn a_packed_session_comes_back_as_it_went_in(
+            device in proptest::array::uniform4("[^\\x00]{0,40}"),
+            binding in proptest::option::of(("\\PC{0,40}", "\\PC{0,40}", proptest::num::i64::ANY)),
+            later in proptest::option::of(("\\PC{0,40}", "\\PC{0,40}", proptest::num::i64::ANY)),
+        ) {
+            use mpush_protocol::session::{DeviceInfo, KeptBinding, SessionSecret};
+            let kept = |b: Option<(String, String, i64)>| {
+                b.map(|(user_id, tags, expires_at_ms)| KeptBinding { user_id, tags, expires_at_ms })
+            };
+            let [device_id, os_name, os_version, client_version] = device;
+            let record = SessionRecord {
+                session_id: "s".into(),
+                device: DeviceInfo { device_id, os_name, os_version, client_version },
+                secret: SessionSecret::V2 {
+                    resume_key: mpush_protocol::crypto::ResumeKey([3; 32]),
+                },
+                expire_at_ms: 7,
+                binding: kept(binding),
+            };
+            let mut p = Packed::new(record.clone());
+            proptest::prop_assert_eq!(&p.unpack("s"), &record);
+            let later = kept(later);
+            p.set_binding(later.as_ref());
+            proptest::prop_assert_eq!(p.unpack("s"), SessionRecord { binding: later, ..record });
+        }
     }
 
     /// ADR 0008: a binding is kept with a live session, counted in its
