@@ -871,6 +871,14 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
         f(&c["per_s"]) / iu.max(1.0),
         lat(&c["latency"])
     );
+    if let Some(cpu) = d["batch"]["cpu_us_per_message"].as_f64() {
+        let _ = writeln!(
+            o,
+            "\nThrough the batch API the server spent {cpu:.2} µs of CPU per message (its \
+             process's CPU clock over the phase, the clients' work not included; the rate \
+             moves with how the two cores are shared, this figure much less)."
+        );
+    }
     if let Some(b) = c["redis_trace_bytes_per_message"].as_f64() {
         let _ = writeln!(
             o,
@@ -931,9 +939,11 @@ In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory
             o,
             "\n## Server CPU and memory, the server on one core ({} connections, TCP v2)\n\n\
              The server is pinned to CPU 0 and the load workers to the others; CPU is the server \
-             process's utime + stime from `/proc`, so the clients' own user and kernel time is not \
-             in it (on loopback the sender's syscall still carries the receiving socket's kernel work). \
-             The ideal server is measured the same way.\n\n| work | server CPU | ideal server |\n|---|---|---|",
+             process's CPU clock (user and system time, to the nanosecond), so the clients' own user \
+             and kernel time is not in it (on loopback the sender's syscall still carries the \
+             receiving socket's kernel work). The ideal server is measured the same way. In a full \
+             run the scenario first waits (at most 75 s) for the earlier scenarios' closed \
+             connections to leave TIME_WAIT.\n\n| work | server CPU | ideal server |\n|---|---|---|",
             cpu["conns"]
         );
         let us = |v: &Value| format!("{:.2} µs", f(v));
