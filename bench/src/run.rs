@@ -143,7 +143,6 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// CPU time (user + system) a process has used, in seconds.
 /// The CPU time (user and system, every thread, ended ones included) of
 /// process `pid`, to the nanosecond: its process CPU clock. The per-operation
 /// figures divide a phase's CPU by its operations, and some phases last about
