@@ -274,8 +274,11 @@ struct Recipient {
     detail: Option<Box<str>>,
     updated_at_ms: i64,
     /// DISPATCHED and DELIVERED (or ACKED) fit inline.
-    history: smallvec::SmallVec<[(TraceState, i64, Option<Box<str>>); 2]>,
+    history: smallvec::SmallVec<[Change; 2]>,
 }
+
+/// One entry of a recipient's history: the state, when, and what happened.
+type Change = (TraceState, i64, Option<Box<str>>);
 
 impl Recipient {
     fn view(&self) -> RecipientState {
