@@ -1068,15 +1068,31 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let c2 = cpu_secs(pid);
     let (b2b_rate, _) = broadcast_n(&mut w, &http, &url, s, n, back_to_back).await?;
     let b2b_cpu = cpu_secs(pid) - c2;
-    // The same with a condition every client passes: what evaluating it
-    // once per connection adds to a delivery.
-    let cond_n = (back_to_back / 2).max(1);
-    let c2c = cpu_secs(pid);
-    broadcast_n_with(&mut w, &http, &url, s, n, cond_n, Some(BENCH_CONDITION)).await?;
-    let cond_cpu = cpu_secs(pid) - c2c;
-    let c2j = cpu_secs(pid);
-    broadcast_n_with(&mut w, &http, &url, s, n, cond_n, Some(BENCH_CONDITION_JS)).await?;
-    let cond_js_cpu = cpu_secs(pid) - c2j;
+    // The same with a condition every client passes, and without one,
+    // alternately (the order rotates every round): the VM's speed drifts
+    // over a minute by more than the floor's margin, so phases one after
+    // the other would compare the drift too. First in blocks of five back
+    // to back, then one broadcast at a time: back to back, a slower
+    // selection changes how many messages one write carries (the blocking
+    // pool's thread shares the server's one core here), so only one at a
+    // time isolates what evaluating adds to a delivery.
+    let kinds = [None, Some(BENCH_CONDITION), Some(BENCH_CONDITION_JS)];
+    let block = 5.min((back_to_back / 2).max(1));
+    let rounds = ((back_to_back / 2) / block).max(1);
+    let cond_n = rounds * block;
+    let mut blocks_cpu = [0.0f64; 3];
+    let mut one_cpu_by = [0.0f64; 3];
+    for (per, cpu) in [(block, &mut blocks_cpu), (1, &mut one_cpu_by)] {
+        for round in 0..cond_n / per {
+            for i in 0..kinds.len() {
+                let k = (round + i) % kinds.len();
+                let c = cpu_secs(pid);
+                broadcast_n_with(&mut w, &http, &url, s, n, per, kinds[k]).await?;
+                cpu[k] += cpu_secs(pid) - c;
+            }
+        }
+    }
+    let [plain_cpu, cond_cpu, cond_js_cpu] = blocks_cpu;
     // One broadcast in flight at a time, this server alone (the rate-limited
     // figure below is compared with it).
     let one = s.cpu_broadcasts / 2;
@@ -1209,8 +1225,10 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
         "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
         "one_at_a_time_alternating": {"broadcasts": one, "cpu_us_per_delivery": us(alt_cpu, one * n), "ideal_cpu_us_per_delivery": us(ideal_one_cpu, one * held)},
+        "broadcast_condition_baseline": {"broadcasts": cond_n, "block": block, "cpu_us_per_delivery": us(plain_cpu, cond_n * n)},
         "broadcast_condition": {"broadcasts": cond_n, "condition": BENCH_CONDITION, "cpu_us_per_delivery": us(cond_cpu, cond_n * n)},
         "broadcast_condition_js": {"broadcasts": cond_n, "condition": BENCH_CONDITION_JS, "cpu_us_per_delivery": us(cond_js_cpu, cond_n * n)},
+        "broadcast_condition_one_at_a_time": {"broadcasts": cond_n, "cpu_us_per_delivery": {"none": us(one_cpu_by[0], cond_n * n), "condition": us(one_cpu_by[1], cond_n * n), "condition_js": us(one_cpu_by[2], cond_n * n)}},
         "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": 30000, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n)},
         "idle_rss_kb": idle_rss,
         "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
