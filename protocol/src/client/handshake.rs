@@ -8,8 +8,8 @@ use web_time::Instant;
 
 use super::{ClientCloseReason, ClientConnection, ClientEvent, Pending, RequestKind, State};
 use crate::crypto::{
-    self, AesKey, SessionCipher, connection_key, random_array, resume_accept_proof, resume_proof,
-    v2_session_keys, verify_mac,
+    self, AesKey, SessionCipher, random_array, resume_accept_proof, resume_proof, v2_session_keys,
+    verify_mac,
 };
 use crate::error::{DecodeError, ProtocolError};
 use crate::message::{Body, FastConnect, FastConnectOk, Handshake, HandshakeOk, v2};
@@ -276,14 +276,15 @@ impl ClientConnection {
                         "server failed to prove the session key",
                     ));
                 }
-                let key = connection_key(resume_key, client_nonce, &accept.server_nonce);
+                let derived = crate::crypto::ResumeDerivation::new(
+                    resume_key,
+                    client_nonce,
+                    &accept.server_nonce,
+                );
+                let key = derived.connection_key();
                 // Single-use tickets: the server named the session to use next time.
                 if !accept.next_session_id.is_empty() {
-                    let resume_key = crate::crypto::next_resume_key(
-                        resume_key,
-                        client_nonce,
-                        &accept.server_nonce,
-                    );
+                    let resume_key = derived.next_resume_key();
                     next = Some(ResumeTicket {
                         session_id: accept.next_session_id.clone(),
                         expire_at_ms: accept.next_expire_at_ms,

@@ -52,75 +52,107 @@ pub fn v2_session_keys(
     (AesKey(traffic), ResumeKey(resume))
 }
 
-/// HKDF over the resume key, salted with both nonces of one resume.
-fn from_resume(
-    resume: &ResumeKey,
-    client_nonce: &[u8],
-    server_nonce: &[u8],
-    info: &[u8],
-    out: &mut [u8],
-) {
-    let mut salt = Vec::with_capacity(client_nonce.len() + server_nonce.len());
-    salt.extend_from_slice(client_nonce);
-    salt.extend_from_slice(server_nonce);
-    let hk = Hkdf::<Sha256>::new(Some(&salt), &resume.0);
-    // Both outputs are far below HKDF's length limit.
-    let _ = hk.expand(info, out);
+/// What one resume derives from the resume key, salted with both of its
+/// nonces: the new connection's traffic key and the next ticket's resume
+/// key. Both are HKDF expansions of one extract, done once here.
+pub struct ResumeDerivation(Hkdf<Sha256>);
+
+impl ResumeDerivation {
+    pub fn new(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> Self {
+        // The salt is both nonces, contiguous: on the stack when they are
+        // the usual 16 bytes each.
+        let len = client_nonce.len() + server_nonce.len();
+        let mut inline = [0u8; 64];
+        let mut heap = Vec::new();
+        let salt: &mut [u8] = if len <= inline.len() {
+            &mut inline[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        salt[..client_nonce.len()].copy_from_slice(client_nonce);
+        salt[client_nonce.len()..].copy_from_slice(server_nonce);
+        Self(Hkdf::<Sha256>::new(Some(salt), &resume.0))
+    }
+
+    /// The traffic key of the v2 connection this resume opens.
+    pub fn connection_key(&self) -> AesKey {
+        let mut traffic = [0u8; AES_KEY_LEN];
+        // Far below HKDF's length limit.
+        let _ = self.0.expand(b"mpush-v2 traffic", &mut traffic);
+        AesKey(traffic)
+    }
+
+    /// The resume key of the session that replaces the resumed one
+    /// (tickets are single-use): bound to both nonces of this resume.
+    pub fn next_resume_key(&self) -> ResumeKey {
+        let mut next = [0u8; RESUME_KEY_LEN];
+        // Far below HKDF's length limit.
+        let _ = self.0.expand(b"mpush-v2 next resume", &mut next);
+        ResumeKey(next)
+    }
 }
 
 /// The traffic key of a v2 connection opened by fast connect.
 pub fn connection_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> AesKey {
-    let mut traffic = [0u8; AES_KEY_LEN];
-    from_resume(
-        resume,
-        client_nonce,
-        server_nonce,
-        b"mpush-v2 traffic",
-        &mut traffic,
-    );
-    AesKey(traffic)
+    ResumeDerivation::new(resume, client_nonce, server_nonce).connection_key()
 }
 
 /// The resume key of the session that replaces a resumed one (tickets are
 /// single-use): bound to both nonces of the resume that issued it.
 pub fn next_resume_key(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> ResumeKey {
-    let mut next = [0u8; RESUME_KEY_LEN];
-    from_resume(
-        resume,
-        client_nonce,
-        server_nonce,
-        b"mpush-v2 next resume",
-        &mut next,
-    );
-    ResumeKey(next)
+    ResumeDerivation::new(resume, client_nonce, server_nonce).next_resume_key()
 }
 
-fn mac(key: &ResumeKey, parts: &[&[u8]]) -> Vec<u8> {
-    let mut m = <HmacSha256 as KeyInit>::new_from_slice(&key.0).expect("HMAC takes any key length");
-    for p in parts {
-        // Length-prefix each part so that no two inputs share an encoding.
-        m.update(&(p.len() as u32).to_be_bytes());
-        m.update(p);
+/// A fast connect's HMAC-SHA256 proofs under one resume key, the client's
+/// and the server's: HMAC's key schedule done once for both.
+pub struct ResumeProofs(HmacSha256);
+
+pub const PROOF_LEN: usize = 32;
+
+impl ResumeProofs {
+    pub fn new(key: &ResumeKey) -> Self {
+        Self(<HmacSha256 as KeyInit>::new_from_slice(&key.0).expect("HMAC takes any key length"))
     }
-    m.finalize().into_bytes().to_vec()
-}
 
-/// The client's fast-connect proof.
-pub fn resume_proof(key: &ResumeKey, session_id: &str, device_id: &str, nonce: &[u8]) -> Vec<u8> {
-    mac(
-        key,
-        &[
+    fn mac(&self, parts: &[&[u8]]) -> [u8; PROOF_LEN] {
+        let mut m = self.0.clone();
+        for p in parts {
+            // Length-prefix each part so that no two inputs share an encoding.
+            m.update(&(p.len() as u32).to_be_bytes());
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    /// The client's proof.
+    pub fn client(&self, session_id: &str, device_id: &str, nonce: &[u8]) -> [u8; PROOF_LEN] {
+        self.mac(&[
             b"mpush-v2 resume",
             session_id.as_bytes(),
             device_id.as_bytes(),
             nonce,
-        ],
-    )
+        ])
+    }
+
+    /// The server's answer: it too holds the resume key.
+    pub fn server(&self, client_nonce: &[u8], server_nonce: &[u8]) -> [u8; PROOF_LEN] {
+        self.mac(&[b"mpush-v2 resume ok", client_nonce, server_nonce])
+    }
+}
+
+/// The client's fast-connect proof.
+pub fn resume_proof(key: &ResumeKey, session_id: &str, device_id: &str, nonce: &[u8]) -> Vec<u8> {
+    ResumeProofs::new(key)
+        .client(session_id, device_id, nonce)
+        .to_vec()
 }
 
 /// The server's answer proof: it too holds the resume key.
 pub fn resume_accept_proof(key: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> Vec<u8> {
-    mac(key, &[b"mpush-v2 resume ok", client_nonce, server_nonce])
+    ResumeProofs::new(key)
+        .server(client_nonce, server_nonce)
+        .to_vec()
 }
 
 /// Constant-time comparison of two MACs.
@@ -144,6 +176,64 @@ mod tests {
         let c: [u8; 16] = std::array::from_fn(|i| 0x20 + i as u8);
         let s: [u8; 16] = std::array::from_fn(|i| 0xf0 + i as u8);
         assert_eq!(legacy_session_key(&c, &s).0, [0xd0; 16]);
+    }
+
+    /// HKDF and HMAC as the spec writes them, one call per output: what
+    /// the shared extract and key schedule must give byte for byte.
+    fn textbook(
+        k: &ResumeKey,
+        cn: &[u8],
+        sn: &[u8],
+        sid: &str,
+        dev: &str,
+    ) -> ([u8; 16], [u8; 32], Vec<u8>, Vec<u8>) {
+        let salt = [cn, sn].concat();
+        let mut traffic = [0u8; 16];
+        let mut next = [0u8; 32];
+        Hkdf::<Sha256>::new(Some(&salt), &k.0)
+            .expand(b"mpush-v2 traffic", &mut traffic)
+            .unwrap();
+        Hkdf::<Sha256>::new(Some(&salt), &k.0)
+            .expand(b"mpush-v2 next resume", &mut next)
+            .unwrap();
+        let mac = |parts: &[&[u8]]| {
+            let mut m = <HmacSha256 as KeyInit>::new_from_slice(&k.0).unwrap();
+            for p in parts {
+                m.update(&(p.len() as u32).to_be_bytes());
+                m.update(p);
+            }
+            m.finalize().into_bytes().to_vec()
+        };
+        (
+            traffic,
+            next,
+            mac(&[b"mpush-v2 resume", sid.as_bytes(), dev.as_bytes(), cn]),
+            mac(&[b"mpush-v2 resume ok", cn, sn]),
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn one_extract_and_one_key_schedule_give_what_the_spec_does(
+            key in proptest::array::uniform32(proptest::num::u8::ANY),
+            cn in proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+            sn in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            sid in "[0-9a-f]{0,40}",
+            dev in "\\PC{0,20}",
+        ) {
+            let k = ResumeKey(key);
+            let (traffic, next, client, server) = textbook(&k, &cn, &sn, &sid, &dev);
+            let d = ResumeDerivation::new(&k, &cn, &sn);
+            proptest::prop_assert_eq!(d.connection_key().0, traffic);
+            proptest::prop_assert_eq!(d.next_resume_key().0, next);
+            let p = ResumeProofs::new(&k);
+            proptest::prop_assert_eq!(p.client(&sid, &dev, &cn).to_vec(), client.clone());
+            proptest::prop_assert_eq!(p.server(&cn, &sn).to_vec(), server.clone());
+            // The one-call forms are the same functions.
+            proptest::prop_assert_eq!(connection_key(&k, &cn, &sn).0, traffic);
+            proptest::prop_assert_eq!(resume_proof(&k, &sid, &dev, &cn), client);
+            proptest::prop_assert_eq!(resume_accept_proof(&k, &cn, &sn), server);
+        }
     }
 
     #[test]

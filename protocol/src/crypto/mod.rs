@@ -20,8 +20,9 @@ mod slim;
 pub use compress::compress;
 pub use compress::{INFLATES, compress_over, decompress};
 pub use kdf::{
-    RESUME_KEY_LEN, ResumeKey, connection_key, legacy_session_key, next_resume_key,
-    resume_accept_proof, resume_proof, v2_session_keys, verify_mac,
+    PROOF_LEN, RESUME_KEY_LEN, ResumeDerivation, ResumeKey, ResumeProofs, connection_key,
+    legacy_session_key, next_resume_key, resume_accept_proof, resume_proof, v2_session_keys,
+    verify_mac,
 };
 pub use key::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN};
 #[cfg(feature = "classic")]

@@ -4,7 +4,7 @@
 use web_time::Instant;
 
 use super::{ServerConnection, ServerEvent, State, Transport, duration_ms_i64, hex_id};
-use crate::crypto::{SessionCipher, connection_key, resume_accept_proof, resume_proof, verify_mac};
+use crate::crypto::{ResumeDerivation, ResumeProofs, SessionCipher, verify_mac};
 use crate::error::ProtocolError;
 use crate::message::{Body, ErrorCode, ErrorMessage, FastConnect, FastConnectOk, v2};
 use crate::packet::{Command, Packet};
@@ -88,12 +88,11 @@ impl ServerConnection {
                 SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
                 Some(proof),
             ) if self.config.enable_v2 => {
-                let want = resume_proof(
-                    resume_key,
-                    &request.session_id,
-                    &request.device_id,
-                    &proof.client_nonce,
-                );
+                // Both proofs under one HMAC key schedule, both keys from one
+                // HKDF extract.
+                let proofs = ResumeProofs::new(resume_key);
+                let want =
+                    proofs.client(&request.session_id, &request.device_id, &proof.client_nonce);
                 if !verify_mac(&want, &proof.proof) {
                     return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
                 }
@@ -105,8 +104,8 @@ impl ServerConnection {
                     != 0;
                 let next_id = hex_id(&next_raw);
                 let next_expire = now_ms + duration_ms_i64(self.config.session_ttl);
-                let next_key =
-                    crate::crypto::next_resume_key(resume_key, &proof.client_nonce, &server_nonce);
+                let derived = ResumeDerivation::new(resume_key, &proof.client_nonce, &server_nonce);
+                let next_key = derived.next_resume_key();
                 // A kept binding travels with the ticket's rotation while
                 // the client still asks for it and its token is good.
                 restore = record.binding.clone().filter(|b| keep && b.is_live(now_ms));
@@ -119,18 +118,12 @@ impl ServerConnection {
                 });
                 let accept = v2::ResumeAccept {
                     server_nonce: server_nonce.to_vec(),
-                    proof: resume_accept_proof(resume_key, &proof.client_nonce, &server_nonce),
+                    proof: proofs.server(&proof.client_nonce, &server_nonce).to_vec(),
                     next_session_id: next_id,
                     next_expire_at_ms: next_expire,
                     bound: false,
                 };
-                let cipher = (!is_transport).then(|| {
-                    SessionCipher::gcm(&connection_key(
-                        resume_key,
-                        &proof.client_nonce,
-                        &server_nonce,
-                    ))
-                });
+                let cipher = (!is_transport).then(|| SessionCipher::gcm(&derived.connection_key()));
                 (cipher, Profile::V2, Some(accept))
             }
             // A v2 session without a proof (or with v2 turned off) cannot resume.
