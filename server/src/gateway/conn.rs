@@ -22,7 +22,7 @@ use tracing::{debug, info};
 use super::limits::IpSlot;
 use super::transport::{Incoming, Transport};
 use super::{Gateway, Logic};
-use crate::clock::{seed, unix_ms};
+use crate::clock::{conn_seed, unix_ms};
 use crate::logic::{Lifecycle, Outcome, UpPushStrikes};
 use crate::proxy::Caller;
 use crate::route::{ConnCommand, ConnInfo, ConnQueue};
@@ -82,7 +82,7 @@ pub fn serve<T: Transport, L: Logic>(
     let now = Instant::now();
     let mut machine = Box::new(ServerConnection::new(
         gw.settings.proto.clone(),
-        seed(),
+        conn_seed(),
         now,
         unix_ms(),
     ));
