@@ -192,12 +192,12 @@ mod tests {
         let mut next = [0u8; 32];
         Hkdf::<Sha256>::new(Some(&salt), &k.0)
             .expand(b"mpush-v2 traffic", &mut traffic)
-            .unwrap();
+            .expect("16 bytes");
         Hkdf::<Sha256>::new(Some(&salt), &k.0)
             .expand(b"mpush-v2 next resume", &mut next)
-            .unwrap();
+            .expect("32 bytes");
         let mac = |parts: &[&[u8]]| {
-            let mut m = <HmacSha256 as KeyInit>::new_from_slice(&k.0).unwrap();
+            let mut m = <HmacSha256 as KeyInit>::new_from_slice(&k.0).expect("any key");
             for p in parts {
                 m.update(&(p.len() as u32).to_be_bytes());
                 m.update(p);
