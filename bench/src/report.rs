@@ -145,17 +145,18 @@ pub fn targets(r: &Value) -> Vec<Target> {
         if !cpu["broadcast_condition_js"].is_null() {
             let b2b = f(&cpu["broadcast_back_to_back"]["cpu_us_per_delivery"]);
             let one = &cpu["broadcast_condition_one_at_a_time"]["cpu_us_per_delivery"];
+            const NAME: &str = "server CPU per broadcast delivery with a condition (mpush's JavaScript form), vs without";
             let (name, measured) = if one.is_null() {
                 // Reports written before the phases alternated.
                 (
-                    "server CPU per broadcast delivery with a condition (mpush's JavaScript form), vs without".to_string(),
+                    NAME.to_string(),
                     f(&cpu["broadcast_condition_js"]["cpu_us_per_delivery"]) / b2b.max(1e-9),
                 )
             } else {
                 let added = f(&one["condition_js"]) - f(&one["none"]);
                 (
                     format!(
-                        "server CPU per broadcast delivery with a condition (mpush's JavaScript form), vs without: what evaluating it adds ({added:.2} us, one broadcast at a time, alternating with none) over a delivery back to back ({b2b:.2} us)"
+                        "{NAME}: what evaluating it adds ({added:.2} us, one broadcast at a time, alternating with none) over a delivery back to back ({b2b:.2} us)"
                     ),
                     (b2b + added) / b2b.max(1e-9),
                 )

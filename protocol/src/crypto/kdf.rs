@@ -59,20 +59,8 @@ pub struct ResumeDerivation(Hkdf<Sha256>);
 
 impl ResumeDerivation {
     pub fn new(resume: &ResumeKey, client_nonce: &[u8], server_nonce: &[u8]) -> Self {
-        // The salt is both nonces, contiguous: on the stack when they are
-        // the usual 16 bytes each.
-        let len = client_nonce.len() + server_nonce.len();
-        let mut inline = [0u8; 64];
-        let mut heap = Vec::new();
-        let salt: &mut [u8] = if len <= inline.len() {
-            &mut inline[..len]
-        } else {
-            heap.resize(len, 0);
-            &mut heap
-        };
-        salt[..client_nonce.len()].copy_from_slice(client_nonce);
-        salt[client_nonce.len()..].copy_from_slice(server_nonce);
-        Self(Hkdf::<Sha256>::new(Some(salt), &resume.0))
+        let salt = [client_nonce, server_nonce].concat();
+        Self(Hkdf::<Sha256>::new(Some(&salt), &resume.0))
     }
 
     /// The traffic key of the v2 connection this resume opens.
