@@ -449,3 +449,166 @@ fn v2_resume_tickets_are_single_use() {
     p.run_for(Duration::from_secs(1));
     assert!(matches!(tickets(&p).pop(), Some((true, _))));
 }
+
+/// A FAST_CONNECT of a stored v2 session whose proof is right, over a client
+/// nonce of `len` bytes: resumed, or refused as a wrong proof is.
+fn resume_with_nonce(len: usize) -> (Vec<Frame>, Vec<ServerEvent>) {
+    use mpush_protocol::crypto::{ResumeKey, ResumeProofs};
+    use mpush_protocol::message::{FastConnect, v2};
+    use mpush_protocol::session::{SessionRecord, SessionSecret};
+    let (mut s, now) = server_with(|_| {});
+    let key = ResumeKey([7; 32]);
+    let (sid, dev) = ("0123456789abcdef0123456789abcdef", test_device().device_id);
+    let nonce = vec![9u8; len];
+    let fc = FastConnect {
+        session_id: sid.into(),
+        device_id: dev.clone(),
+        proof: Some(v2::ResumeProof {
+            capabilities: Some(v2::Capabilities::v2()),
+            client_nonce: nonce.clone(),
+            proof: ResumeProofs::new(&key).client(sid, &dev, &nonce).to_vec(),
+        }),
+        ..Default::default()
+    };
+    let p = Frame::Packet(Packet::new(
+        Command::FAST_CONNECT,
+        1,
+        Flags::NONE,
+        fc.to_bytes(),
+    ));
+    s.handle_input(&p.to_bytes(), now);
+    let (_, asked) = drain(&mut s);
+    assert!(
+        asked
+            .iter()
+            .any(|e| matches!(e, ServerEvent::ResumeRequested { .. })),
+        "{asked:?}"
+    );
+    let record = SessionRecord {
+        session_id: sid.into(),
+        device: test_device(),
+        secret: SessionSecret::V2 { resume_key: key },
+        expire_at_ms: i64::MAX,
+        binding: None,
+    };
+    s.handle_answer(Answer::Session(Some(record)), now);
+    drain(&mut s)
+}
+
+#[test]
+fn a_resume_nonce_outside_the_profiles_lengths_is_refused_as_a_wrong_proof() {
+    use mpush_protocol::message::v2::RESUME_NONCE_LEN;
+    let resumed = |events: &[ServerEvent]| {
+        events
+            .iter()
+            .any(|e| matches!(e, ServerEvent::Resumed { .. }))
+    };
+    // The bounds themselves resume (this crate's clients send 16).
+    for len in [*RESUME_NONCE_LEN.start(), 32, *RESUME_NONCE_LEN.end()] {
+        let (frames, events) = resume_with_nonce(len);
+        assert!(resumed(&events), "{len}: {events:?}");
+        assert!(
+            frames
+                .iter()
+                .any(|f| matches!(f, Frame::Packet(p) if p.cmd == Command::FAST_CONNECT)),
+            "{len}"
+        );
+    }
+    // Shorter or longer, even with the right proof: SESSION_EXPIRED, the
+    // answer to a wrong proof, and the connection stays open for the full
+    // handshake the client falls back to.
+    for len in [
+        0,
+        RESUME_NONCE_LEN.start() - 1,
+        RESUME_NONCE_LEN.end() + 1,
+        8 << 10,
+    ] {
+        let (frames, events) = resume_with_nonce(len);
+        assert!(!resumed(&events), "{len}: {events:?}");
+        assert_eq!(
+            error_code(&frames).map(|e| e.0),
+            Some(ErrorCode::SESSION_EXPIRED.0),
+            "{len}"
+        );
+        assert!(closed_by(&events).is_none(), "{len}: {events:?}");
+    }
+}
+
+/// What a v2 client with a ticket makes of a FAST_CONNECT_OK whose proof is
+/// right, over a server nonce of `len` bytes.
+fn client_given_server_nonce(len: usize) -> Vec<ClientEvent> {
+    use mpush_protocol::crypto::{ResumeKey, resume_accept_proof};
+    use mpush_protocol::message::{FastConnect, FastConnectOk, v2};
+    use mpush_protocol::session::{ResumeTicket, SessionSecret};
+    let now = Instant::now();
+    let key = ResumeKey([7; 32]);
+    let mut cfg = ClientConfig::new(Arc::new(default_key().public()), test_device());
+    cfg.offer_v2 = true;
+    let ticket = ResumeTicket {
+        session_id: "0123456789abcdef0123456789abcdef".into(),
+        expire_at_ms: i64::MAX,
+        secret: SessionSecret::V2 {
+            resume_key: key.clone(),
+        },
+    };
+    let mut c = ClientConnection::new(
+        Arc::new(cfg),
+        [5; 32],
+        now,
+        0,
+        Some(ticket),
+        DedupWindow::default(),
+    );
+    let hello = c.poll_transmit().expect("fast connect");
+    let d = Decoder::new(1 << 20);
+    let mut buf = BytesMut::from(&hello[..]);
+    let Ok(Some(Frame::Packet(p))) = d.decode(&mut buf) else {
+        panic!("not a packet");
+    };
+    assert_eq!(p.cmd, Command::FAST_CONNECT);
+    let fc = FastConnect::from_bytes(&p.body).expect("fast connect");
+    let cn = fc.proof.expect("a v2 proof").client_nonce;
+    let sn = vec![4u8; len];
+    let ok = FastConnectOk {
+        heartbeat: 180_000,
+        accept: Some(v2::ResumeAccept {
+            proof: resume_accept_proof(&key, &cn, &sn),
+            server_nonce: sn,
+            next_session_id: "fedcba9876543210fedcba9876543210".into(),
+            next_expire_at_ms: i64::MAX,
+            bound: false,
+        }),
+    };
+    let answer = Frame::Packet(Packet::new(
+        Command::FAST_CONNECT,
+        p.session_id,
+        Flags::NONE,
+        ok.to_bytes(),
+    ));
+    c.handle_input(&answer.to_bytes(), now);
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+#[test]
+fn a_client_refuses_a_server_nonce_outside_the_profiles_lengths() {
+    use mpush_protocol::message::v2::RESUME_NONCE_LEN;
+    let resumed = |events: &[ClientEvent]| {
+        events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Connected { resumed: true, .. }))
+    };
+    for len in [*RESUME_NONCE_LEN.start(), *RESUME_NONCE_LEN.end()] {
+        let events = client_given_server_nonce(len);
+        assert!(resumed(&events), "{len}: {events:?}");
+    }
+    for len in [0, RESUME_NONCE_LEN.end() + 1, 8 << 10] {
+        let events = client_given_server_nonce(len);
+        assert!(!resumed(&events), "{len}: {events:?}");
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, ClientEvent::Closed { .. })),
+            "{len}: {events:?}"
+        );
+    }
+}

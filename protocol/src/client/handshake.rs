@@ -270,6 +270,11 @@ impl ClientConnection {
                 Some(accept),
             ) => {
                 let transport = ticket.secret.is_transport();
+                if !v2::RESUME_NONCE_LEN.contains(&accept.server_nonce.len()) {
+                    return Err(ProtocolError::State(
+                        "server nonce of a length outside the profile's",
+                    ));
+                }
                 let want = resume_accept_proof(resume_key, client_nonce, &accept.server_nonce);
                 if !verify_mac(&want, &accept.proof) {
                     return Err(ProtocolError::State(

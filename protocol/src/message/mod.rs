@@ -56,6 +56,12 @@ pub mod v2 {
     /// the client sends no BIND after resuming. Echoed when honoured.
     pub const FEATURE_KEEP_BINDING: u32 = 4;
 
+    /// The lengths a resume nonce (`ResumeProof.client_nonce`,
+    /// `ResumeAccept.server_nonce`) may have, in bytes: at least 128 bits of
+    /// freshness, and a bound on what the other side can make the receiver
+    /// hash before the proof is checked. This crate sends 16.
+    pub const RESUME_NONCE_LEN: std::ops::RangeInclusive<usize> = 16..=64;
+
     impl Capabilities {
         pub fn v2() -> Self {
             Self {

@@ -88,6 +88,11 @@ impl ServerConnection {
                 SessionSecret::V2 { resume_key } | SessionSecret::Transport { resume_key },
                 Some(proof),
             ) if self.config.enable_v2 => {
+                // A nonce of another length is refused as a wrong proof is,
+                // before any hashing.
+                if !v2::RESUME_NONCE_LEN.contains(&proof.client_nonce.len()) {
+                    return self.resume_refused(packet_id, ErrorCode::SESSION_EXPIRED);
+                }
                 // Both proofs under one HMAC key schedule, both keys from one
                 // HKDF extract.
                 let proofs = ResumeProofs::new(resume_key);
