@@ -267,9 +267,16 @@ fn round3(r: &Value) -> Vec<Target> {
             1.5,
             "x",
         ));
+        // Alternating with the ideal's accepts in parts when the run did
+        // (results before it measured the accepts minutes later).
+        let how = match cpu["fast_connect_alternating"]["parts"].as_u64() {
+            Some(1) => "measured right after".to_owned(),
+            Some(p) => format!("alternating in {p} parts"),
+            None => "measured a few minutes later".to_owned(),
+        };
         t.push(Target::new(
             format!(
-                "server CPU per fast connect and bind, TCP v2 ({:.0} us; the old connection's close, measured apart: {:.0} us), vs the ideal's plain accept",
+                "server CPU per fast connect and bind, TCP v2 ({:.0} us; the old connection's close, measured apart: {:.0} us), vs the ideal's plain accept ({accept:.0} us, {how})",
                 f(&cpu["fast_connect_cpu_us"]),
                 f(&cpu["close_cpu_us"])
             ),
@@ -959,8 +966,18 @@ In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory
              and kernel time is not in it (on loopback the sender's syscall still carries the \
              receiving socket's kernel work). The ideal server is measured the same way. In a full \
              run the scenario first waits (at most 75 s) for the earlier scenarios' closed \
-             connections to leave TIME_WAIT.\n\n| work | server CPU | ideal server |\n|---|---|---|",
-            cpu["conns"]
+             connections to leave TIME_WAIT. {}\n\n| work | server CPU | ideal server |\n|---|---|---|",
+            cpu["conns"],
+            match cpu["fast_connect_alternating"]["parts"].as_u64() {
+                Some(1) =>
+                    "The ideal's accepts are measured right after the fast connects.".to_owned(),
+                Some(p) => format!(
+                    "The clients come back with their tickets in {p} parts, each beside as many \
+                     of the ideal's accepts (the side that goes first alternates), so the fast \
+                     connect and the accept it is compared with are measured in the same minute."
+                ),
+                None => "The ideal's accepts were measured after the server's phases.".to_owned(),
+            }
         );
         let us = |v: &Value| format!("{:.2} µs", f(v));
         let _ = writeln!(
@@ -982,6 +999,13 @@ In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory
                 o,
                 "| the close of a bound connection by its client (before it fast-connects) | {} | – |",
                 us(&cpu["close_cpu_us"])
+            );
+        }
+        if !cpu["idle_cpu_ms_per_s"].is_null() {
+            let _ = writeln!(
+                o,
+                "| every connection bound and idle (timers, the metrics sampler) | {:.2} ms per second | – |",
+                f(&cpu["idle_cpu_ms_per_s"])
             );
         }
         let tls = &cpu["tls"];

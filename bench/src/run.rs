@@ -50,6 +50,11 @@ pub struct RunArgs {
     /// for an A/B of the fast connect.
     #[arg(long)]
     pub rebind: bool,
+    /// The `cpu` scenario's clients come back with their tickets in this
+    /// many parts, each beside as many of the ideal's accepts (1: all the
+    /// fast connects, then all the accepts).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub fast_parts: u16,
 }
 
 /// `--rebind`, for every worker this run starts.
@@ -621,7 +626,10 @@ impl Workers {
 
     async fn all(&mut self, cmd: &str) -> Result<()> {
         for p in &mut self.procs {
-            p.ask(cmd, Duration::from_secs(10)).await?;
+            let v = p.ask(cmd, Duration::from_secs(10)).await?;
+            if v["event"] == "error" {
+                bail!("worker refused `{cmd}`: {}", v["message"]);
+            }
         }
         Ok(())
     }
@@ -686,6 +694,8 @@ struct Sizes {
     /// The cost curve's steps (connections) and its node processes.
     curve: Vec<usize>,
     curve_nodes: usize,
+    /// `--fast-parts`.
+    fast_parts: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -1023,10 +1033,36 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let c0 = cpu_secs(pid);
     let mut w = Workers::bound_tcp(me, &server.tcp, n, s.timeout).await?;
     let handshake_cpu = cpu_secs(pid) - c0;
+    // What the server spends with every connection bound and nothing to do
+    // (its timers, the metrics sampler): in every phase's figures below as
+    // much as the phase lasts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c_idle = cpu_secs(pid);
+    let idle_window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_cpu_per_s = (cpu_secs(pid) - c_idle) / idle_window.elapsed().as_secs_f64();
+
+    // The ideal server, pinned the same way: what a connect and a delivery
+    // cost this machine's kernel at best (an accept; one write per
+    // connection per broadcast). Started beside this server, so that the
+    // fast connect and one broadcast at a time are measured alternately on
+    // both: the VM's speed drifts over minutes by more than the floors'
+    // margins. Its connections stay idle until its broadcasts.
+    let mut ideal = start_ideal_on(me, Some("0")).await?;
+    let ipid = ideal.proc.pid();
+    // One RSA private-key operation, as the server does per full handshake
+    // (same key, library and blinding), timed on the server's core.
+    let rsa_ops = s.rsa_ops;
+    let c_rsa = cpu_secs(ipid);
+    let rsa_reply = ideal.proc.ask(&format!("rsa {rsa_ops}"), s.timeout).await?;
+    let ideal_rsa_cpu = cpu_secs(ipid) - c_rsa;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
     // Fast connects: every client drops its connection (the server's close
     // is measured alone: the ideal's accept closes nothing), then comes back
-    // with its ticket.
-    eprintln!("cpu: closes, then fast connects");
+    // with its ticket, one part at a time, alternately with as many of the
+    // ideal's accepts (the side that goes first alternates too).
+    eprintln!("cpu: closes, then fast connects alternately with the ideal's accepts");
     let c_close = cpu_secs(pid);
     w.all("disconnect").await?;
     w.wait("disconnect", s.timeout, |t| t.dropped >= n as u64)
@@ -1034,13 +1070,48 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // Let the server see every close and unbind.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let close_cpu = cpu_secs(pid) - c_close;
-    let c1 = cpu_secs(pid);
-    w.all("reconnect").await?;
-    w.wait("fast connect", s.timeout, |t| t.connected >= 2 * n as u64)
-        .await?;
-    // The clients bind again after they resume: let those binds finish.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let fast_cpu = cpu_secs(pid) - c1;
+    let (mut fast_cpu, mut ideal_accept_cpu) = (0.0, 0.0);
+    let (mut back, mut asked, mut held) = (0, 0, 0);
+    let mut iw: Option<Workers> = None;
+    for k in 0..s.fast_parts {
+        let part = (k..n).step_by(s.fast_parts).count();
+        for ours in [k % 2 == 0, k % 2 == 1] {
+            if ours {
+                let c = cpu_secs(pid);
+                w.all(&format!("reconnect {k} {}", s.fast_parts)).await?;
+                back += part;
+                let want = (n + back) as u64;
+                w.wait("fast connect", s.timeout, |t| {
+                    t.connected >= want && t.bound >= want
+                })
+                .await?;
+                // What the server still does for the last of them.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                fast_cpu += cpu_secs(pid) - c;
+            } else {
+                let c = cpu_secs(ipid);
+                let mut more = Workers::start(
+                    me,
+                    std::slice::from_ref(&ideal.addr),
+                    Transport::Ideal,
+                    false,
+                    part,
+                    0,
+                )
+                .await?;
+                more.wait("ideal connections", s.timeout, |t| t.bound >= part as u64)
+                    .await?;
+                asked += part;
+                held = ideal_accepted(&mut ideal, asked, s.timeout).await?;
+                ideal_accept_cpu += cpu_secs(ipid) - c;
+                match &mut iw {
+                    Some(iw) => iw.procs.append(&mut more.procs),
+                    None => iw = Some(more),
+                }
+            }
+        }
+    }
+    let mut iw = iw.context("no ideal connections")?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss = rss_kb(pid);
 
@@ -1108,35 +1179,6 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         broadcast_n(&mut w, &http, &url, s, n, 1).await?;
     }
     let one_cpu = cpu_secs(pid) - c3;
-
-    // The ideal server, pinned the same way: what a delivery costs this
-    // machine's kernel at best (one write per connection per broadcast).
-    // Started beside this server, so that one broadcast at a time is
-    // measured alternately on both: the VM's speed drifts over minutes by
-    // more than the floor's margin.
-    let mut ideal = start_ideal_on(me, Some("0")).await?;
-    let ipid = ideal.proc.pid();
-    // One RSA private-key operation, as the server does per full handshake
-    // (same key, library and blinding), timed on the server's core.
-    let rsa_ops = s.rsa_ops;
-    let c_rsa = cpu_secs(ipid);
-    let rsa_reply = ideal.proc.ask(&format!("rsa {rsa_ops}"), s.timeout).await?;
-    let ideal_rsa_cpu = cpu_secs(ipid) - c_rsa;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let c_accept = cpu_secs(ipid);
-    let mut iw = Workers::start(
-        me,
-        std::slice::from_ref(&ideal.addr),
-        Transport::Ideal,
-        false,
-        n,
-        0,
-    )
-    .await?;
-    iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
-        .await?;
-    let held = ideal_accepted(&mut ideal, n, s.timeout).await?;
-    let ideal_accept_cpu = cpu_secs(ipid) - c_accept;
 
     // One broadcast in flight at a time, alternately here and on the ideal
     // in blocks of five; each block starts with one broadcast not measured,
@@ -1227,7 +1269,9 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency},
         "fast_connect_cpu_us": us(fast_cpu, n),
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
+        "fast_connect_alternating": {"parts": s.fast_parts},
         "close_cpu_us": us(close_cpu, n),
+        "idle_cpu_ms_per_s": idle_cpu_per_s * 1e3,
         "broadcast_back_to_back": {"broadcasts": back_to_back, "per_s": b2b_rate, "cpu_us_per_delivery": us(b2b_cpu, back_to_back * n)},
         "broadcast_one_at_a_time": {"broadcasts": one, "cpu_us_per_delivery": us(one_cpu, one * n)},
         "one_at_a_time_alternating": {"broadcasts": one, "cpu_us_per_delivery": us(alt_cpu, one * n), "ideal_cpu_us_per_delivery": us(ideal_one_cpu, one * held)},
@@ -1854,6 +1898,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             storm_conns: 300,
             curve: vec![300, 900],
             curve_nodes: 2,
+            fast_parts: a.fast_parts.into(),
         }
     } else {
         Sizes {
@@ -1875,6 +1920,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             storm_conns: 19_000,
             curve: vec![10_000, 50_000, 100_000],
             curve_nodes: 6,
+            fast_parts: a.fast_parts.into(),
         }
     };
     let started = Instant::now();

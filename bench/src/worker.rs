@@ -295,13 +295,23 @@ fn client_config(args: &WorkerArgs, i: usize, timeout: Duration) -> Arc<ClientCo
     Arc::new(cfg)
 }
 
-/// A round of the protocol clients: its number, and whether the clients
-/// stay away after dropping their connection (`disconnect`) until the next
-/// round (`reconnect`).
+/// A round of the protocol clients: its number, whether the clients stay
+/// away after dropping their connection (`disconnect`) until the next round
+/// (`reconnect`), and which clients it concerns: all, or with `part =
+/// Some((k, parts))` those whose index is `k` modulo `parts` (`reconnect K
+/// PARTS`, which brings back one part of the clients that are away; the
+/// others go on holding or staying away).
 #[derive(Debug, Clone, Copy, Default)]
 struct Round {
     n: u64,
     hold: bool,
+    part: Option<(usize, usize)>,
+}
+
+impl Round {
+    fn selects(&self, i: usize) -> bool {
+        self.part.is_none_or(|(k, parts)| i % parts.max(1) == k)
+    }
 }
 
 /// One protocol client: connect (fast connect when it has a ticket), bind,
@@ -403,7 +413,10 @@ async fn protocol_client(
                 } => m.handle_timeout(Instant::now()),
                 r = rounds.changed() => {
                     if r.is_err() { return; }
-                    break 'conn *rounds.borrow_and_update();
+                    let r = *rounds.borrow_and_update();
+                    if r.selects(i) {
+                        break 'conn r;
+                    }
                 }
             }
         };
@@ -417,7 +430,7 @@ async fn protocol_client(
                     return;
                 }
                 let r = *rounds.borrow_and_update();
-                if !r.hold {
+                if !r.hold && r.selects(i) {
                     round = r.n;
                     break;
                 }
@@ -620,7 +633,9 @@ fn stats(shared: &Shared) -> serde_json::Value {
 }
 
 /// Runs the worker: opens the connections, then answers `stats`,
-/// `reconnect`, `disconnect` and `quit` on stdin with JSON lines on stdout.
+/// `reconnect`, `reconnect K PARTS`, `disconnect` and `quit` on stdin with
+/// JSON lines on stdout. Send `reconnect K PARTS` one part at a time, once
+/// the part before is back: a client away sees only the latest round.
 pub async fn run(args: WorkerArgs) -> Result<()> {
     let args = Arc::new(args);
     let shared = Arc::new(Shared {
@@ -650,24 +665,39 @@ pub async fn run(args: WorkerArgs) -> Result<()> {
     let mut out = tokio::io::stdout();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = lines.next_line().await? {
-        let reply = match line.trim() {
-            "stats" => stats(&shared),
-            "reconnect" => {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let part = match words[..] {
+            [_, k, parts] => k.parse::<usize>().ok().zip(parts.parse::<usize>().ok()),
+            _ => None,
+        };
+        let reply = match (words.first().copied().unwrap_or_default(), words.len()) {
+            ("stats", 1) => stats(&shared),
+            ("reconnect", 1) => {
                 round_tx.send_modify(|r| {
                     r.n += 1;
                     r.hold = false;
+                    r.part = None;
                 });
                 json!({"event": "reconnecting"})
             }
-            "disconnect" => {
+            ("reconnect", 3) if part.is_some_and(|(k, parts)| k < parts) => {
+                round_tx.send_modify(|r| {
+                    r.n += 1;
+                    r.hold = false;
+                    r.part = part;
+                });
+                json!({"event": "reconnecting"})
+            }
+            ("disconnect", 1) => {
                 round_tx.send_modify(|r| {
                     r.n += 1;
                     r.hold = true;
+                    r.part = None;
                 });
                 json!({"event": "disconnecting"})
             }
-            "quit" => break,
-            other => json!({"event": "error", "message": format!("unknown command {other}")}),
+            ("quit", 1) => break,
+            _ => json!({"event": "error", "message": format!("unknown command {}", line.trim())}),
         };
         out.write_all(format!("{reply}\n").as_bytes()).await?;
         out.flush().await?;
