@@ -130,9 +130,27 @@ pub async fn run(addr: &str, tls: Option<(&Path, &Path)>) -> Result<()> {
         .await?;
     out.flush().await?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut next = 0usize;
     while let Some(line) = lines.next_line().await? {
         let words: Vec<&str> = line.split_whitespace().collect();
         let reply = match words.as_slice() {
+            // One message with this text (the bench's stamp) to the next
+            // connection, round-robin.
+            ["send", text] => {
+                let q = queues
+                    .lock()
+                    .ok()
+                    .and_then(|q| (!q.is_empty()).then(|| q[next % q.len()].clone()));
+                next = next.wrapping_add(1);
+                let sent = match q {
+                    Some(q) => q
+                        .send(Bytes::copy_from_slice(text.as_bytes()))
+                        .await
+                        .is_ok(),
+                    None => false,
+                };
+                json!({"event": "sent", "sent": usize::from(sent)})
+            }
             ["broadcast" | "unicast", count, size] => {
                 let (count, size) = (count.parse()?, size.parse()?);
                 let sent = send(&queues, count, size, words[0] == "broadcast").await;

@@ -313,9 +313,21 @@ fn round3(r: &Value) -> Vec<Target> {
         let lat = &cpu["single_paced"]["latency"];
         if !lat.is_null() {
             let (p50, p99) = (f(&lat["p50_us"]) / 1000.0, f(&lat["p99_us"]) / 1000.0);
+            // The ideal's tail on the same terms (measured after the fast
+            // connects), when the run has it: what this machine allows.
+            let il = &cpu["single_paced"]["ideal_latency"];
+            let ideal = if il.is_null() {
+                String::new()
+            } else {
+                let (i50, i99) = (f(&il["p50_us"]) / 1000.0, f(&il["p99_us"]) / 1000.0);
+                format!(
+                    " (the ideal server's, same terms: p99 {i99:.3} ms, {:.2}x its p50 of {i50:.3} ms)",
+                    i99 / i50.max(1e-9)
+                )
+            };
             t.push(Target::new(
                 format!(
-                    "p99 API call to client receipt, single-user pushes at 1,000/s, {} idle connections, server on one core",
+                    "p99 API call to client receipt, single-user pushes at 1,000/s, {} idle connections, server on one core{ideal}",
                     cpu["conns"]
                 ),
                 p99,
@@ -1135,6 +1147,20 @@ In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            let il = &cpu["single_paced"]["ideal_latency"];
+            if !il.is_null() {
+                let _ = writeln!(
+                    o,
+                    "\nThe same through the ideal server, measured once it holds as many connections, after the fast connects (a command line with the stamp where the server reads an HTTP request; one write to the next connection): {}.",
+                    il["quantiles"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|q| format!("p{} {:.3} ms", f(&q[0]) * 100.0, f(&q[1]) / 1000.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
         }
     }
     let steps: Vec<&Value> = r["curve"].as_array().into_iter().flatten().collect();
