@@ -1045,8 +1045,8 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // The latency tail: single-user pushes at 1,000/s through the API, every
     // connection idle and bound, the server alone on its core: before the
     // ideal server and its clients exist (measured with them idle beside
-    // it, after the fast connects, the p99 was 3.8-5.7 ms in six runs on
-    // this machine, against 1.0-1.7 ms before them or without them).
+    // it, after the fast connects, the p99 was 2.8-5.7 ms in 16 runs on
+    // one machine, against 0.7-1.7 ms before them or without them).
     let url = format!("{}/api/v1/push", server.api);
     let tail_n = s.tail_secs as usize * 1000;
     let tail_send = paced_pushes(&http, &url, tail_n, n);
