@@ -47,6 +47,11 @@ fn error_code(frames: &[Frame]) -> Option<(u8, String)> {
     })
 }
 
+/// `body` as one unsealed packet of request `id`, on the wire.
+fn plain<B: Body>(body: &B, id: i32) -> bytes::Bytes {
+    Frame::Packet(Packet::new(B::CMD, id, Flags::NONE, body.to_bytes())).to_bytes()
+}
+
 /// Connects a real client to `s`; returns the client and the client's hello bytes.
 fn handshake(s: &mut ServerConnection, c: &mut ClientConnection, now: Instant) -> Vec<u8> {
     let hello = c.poll_transmit().expect("hello").to_vec();
@@ -108,13 +113,7 @@ fn a_fast_connect_after_a_handshake_closes_it() {
         device_id: "dev-1".into(),
         ..Default::default()
     };
-    let p = Frame::Packet(Packet::new(
-        Command::FAST_CONNECT,
-        3,
-        Flags::NONE,
-        fc.to_bytes(),
-    ));
-    s.handle_input(&p.to_bytes(), now);
+    s.handle_input(&plain(&fc, 3), now);
     assert!(s.is_closed());
 }
 
@@ -157,13 +156,7 @@ fn handshake_with(device: DeviceInfo) -> Option<DeviceInfo> {
         client_key: vec![2; 16],
         ..Default::default()
     };
-    let p = Frame::Packet(Packet::new(
-        Command::HANDSHAKE,
-        1,
-        Flags::NONE,
-        hs.to_bytes(),
-    ));
-    s.handle_input(&p.to_bytes(), now);
+    s.handle_input(&plain(&hs, 1), now);
     let (_, events) = drain(&mut s);
     let kept = events.into_iter().find_map(|e| match e {
         ServerEvent::HandshakeCompleted { device, .. } => Some(device),
@@ -259,16 +252,7 @@ fn require_v2_refuses_legacy_and_plaintext_handshakes() {
         client_key: vec![2; 16],
         ..Default::default()
     };
-    s.handle_input(
-        &Frame::Packet(Packet::new(
-            Command::HANDSHAKE,
-            1,
-            Flags::NONE,
-            hs.to_bytes(),
-        ))
-        .to_bytes(),
-        now,
-    );
+    s.handle_input(&plain(&hs, 1), now);
     assert!(s.is_closed(), "plaintext refused");
 
     let (mut s, now) = server_with(|c| c.require_v2 = true);
@@ -470,13 +454,7 @@ fn resume_with_nonce(len: usize) -> (Vec<Frame>, Vec<ServerEvent>) {
         }),
         ..Default::default()
     };
-    let p = Frame::Packet(Packet::new(
-        Command::FAST_CONNECT,
-        1,
-        Flags::NONE,
-        fc.to_bytes(),
-    ));
-    s.handle_input(&p.to_bytes(), now);
+    s.handle_input(&plain(&fc, 1), now);
     let (_, asked) = drain(&mut s);
     assert!(
         asked
@@ -579,13 +557,7 @@ fn client_given_server_nonce(len: usize) -> Vec<ClientEvent> {
             bound: false,
         }),
     };
-    let answer = Frame::Packet(Packet::new(
-        Command::FAST_CONNECT,
-        p.session_id,
-        Flags::NONE,
-        ok.to_bytes(),
-    ));
-    c.handle_input(&answer.to_bytes(), now);
+    c.handle_input(&plain(&ok, p.session_id), now);
     std::iter::from_fn(|| c.poll_event()).collect()
 }
 
