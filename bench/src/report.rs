@@ -779,6 +779,17 @@ fn machine() -> String {
     )
 }
 
+/// A latency's quantiles, "p50 0.123 ms, p99 …".
+fn quantiles_ms(lat: &Value) -> String {
+    lat["quantiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|q| format!("p{} {:.3} ms", f(&q[0]) * 100.0, f(&q[1]) / 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn lat(v: &Value) -> String {
     if v.is_null() {
         return "–".into();
@@ -1139,26 +1150,14 @@ In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory
                 o,
                 "\nSingle-user pushes at {}/s, API call to client receipt, every connection idle and bound: {}.",
                 cpu["single_paced"]["rate"],
-                lat["quantiles"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|q| format!("p{} {:.3} ms", f(&q[0]) * 100.0, f(&q[1]) / 1000.0))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                quantiles_ms(lat)
             );
             let il = &cpu["single_paced"]["ideal_latency"];
             if !il.is_null() {
                 let _ = writeln!(
                     o,
                     "\nThe same through the ideal server, measured once it holds as many connections, after the fast connects (a command line with the stamp where the server reads an HTTP request; one write to the next connection): {}.",
-                    il["quantiles"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|q| format!("p{} {:.3} ms", f(&q[0]) * 100.0, f(&q[1]) / 1000.0))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    quantiles_ms(il)
                 );
             }
         }

@@ -457,6 +457,11 @@ impl Workers {
         Self::start_tls(me, targets, transport, legacy, conns, first_user, None).await
     }
 
+    /// `conns` clients of the ideal servers at `targets`.
+    async fn ideal(me: &Path, targets: &[String], conns: usize) -> Result<Self> {
+        Self::start(me, targets, Transport::Ideal, false, conns, 0).await
+    }
+
     /// `conns` TCP v2 clients of one server, once every one is bound.
     async fn bound_tcp(me: &Path, target: &str, conns: usize, timeout: Duration) -> Result<Self> {
         let mut w = Self::start(me, &[target.to_owned()], Transport::Tcp, false, conns, 0).await?;
@@ -760,15 +765,7 @@ async fn ideal_memory(me: &Path, s: &Sizes) -> Result<(Ideal, Workers, f64, usiz
     let pid = ideal.proc.pid();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kb(pid);
-    let mut w = Workers::start(
-        me,
-        std::slice::from_ref(&ideal.addr),
-        Transport::Ideal,
-        false,
-        s.conns,
-        0,
-    )
-    .await?;
+    let mut w = Workers::ideal(me, std::slice::from_ref(&ideal.addr), s.conns).await?;
     let n = s.conns as u64;
     w.wait("ideal connections", s.timeout, |t| t.bound >= n)
         .await?;
@@ -1091,7 +1088,8 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let close_cpu = cpu_secs(pid) - c_close;
     let (mut fast_cpu, mut ideal_accept_cpu) = (0.0, 0.0);
-    let (mut back, mut asked, mut held) = (0, 0, 0);
+    // `done`: the clients back (and the ideal's connections) before part `k`.
+    let (mut done, mut held) = (0, 0);
     let mut iw: Option<Workers> = None;
     for k in 0..s.fast_parts {
         let part = (k..n).step_by(s.fast_parts).count();
@@ -1099,8 +1097,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
             if ours {
                 let c = cpu_secs(pid);
                 w.all(&format!("reconnect {k} {}", s.fast_parts)).await?;
-                back += part;
-                let want = (n + back) as u64;
+                let want = (n + done + part) as u64;
                 w.wait("fast connect", s.timeout, |t| {
                     t.connected >= want && t.bound >= want
                 })
@@ -1110,19 +1107,10 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
                 fast_cpu += cpu_secs(pid) - c;
             } else {
                 let c = cpu_secs(ipid);
-                let mut more = Workers::start(
-                    me,
-                    std::slice::from_ref(&ideal.addr),
-                    Transport::Ideal,
-                    false,
-                    part,
-                    0,
-                )
-                .await?;
+                let mut more = Workers::ideal(me, std::slice::from_ref(&ideal.addr), part).await?;
                 more.wait("ideal connections", s.timeout, |t| t.bound >= part as u64)
                     .await?;
-                asked += part;
-                held = ideal_accepted(&mut ideal, asked, s.timeout).await?;
+                held = ideal_accepted(&mut ideal, done + part, s.timeout).await?;
                 ideal_accept_cpu += cpu_secs(ipid) - c;
                 match &mut iw {
                     Some(iw) => iw.procs.append(&mut more.procs),
@@ -1130,6 +1118,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
                 }
             }
         }
+        done += part;
     }
     let mut iw = iw.context("no ideal connections")?;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1617,7 +1606,7 @@ async fn broadcast_at(me: &Path, bin: &Path, s: &Sizes, n: usize, nodes: usize) 
         ideals.push(start_ideal(me).await?);
     }
     let addrs: Vec<String> = ideals.iter().map(|i| i.addr.clone()).collect();
-    let mut iw = Workers::start(me, &addrs, Transport::Ideal, false, n, 0).await?;
+    let mut iw = Workers::ideal(me, &addrs, n).await?;
     iw.wait("ideal connections", s.timeout, |t| t.bound >= n as u64)
         .await?;
     let want = Workers::split(n, ideals.len());

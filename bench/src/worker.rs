@@ -666,37 +666,32 @@ pub async fn run(args: WorkerArgs) -> Result<()> {
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = lines.next_line().await? {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let part = match words[..] {
-            [_, k, parts] => k.parse::<usize>().ok().zip(parts.parse::<usize>().ok()),
-            _ => None,
+        // A new round for every client, or for one part of them.
+        let round = |hold: bool, part: Option<(usize, usize)>| {
+            round_tx.send_modify(|r| {
+                r.n += 1;
+                r.hold = hold;
+                r.part = part;
+            });
         };
-        let reply = match (words.first().copied().unwrap_or_default(), words.len()) {
-            ("stats", 1) => stats(&shared),
-            ("reconnect", 1) => {
-                round_tx.send_modify(|r| {
-                    r.n += 1;
-                    r.hold = false;
-                    r.part = None;
-                });
+        let reply = match words[..] {
+            ["stats"] => stats(&shared),
+            ["reconnect"] => {
+                round(false, None);
                 json!({"event": "reconnecting"})
             }
-            ("reconnect", 3) if part.is_some_and(|(k, parts)| k < parts) => {
-                round_tx.send_modify(|r| {
-                    r.n += 1;
-                    r.hold = false;
-                    r.part = part;
-                });
-                json!({"event": "reconnecting"})
-            }
-            ("disconnect", 1) => {
-                round_tx.send_modify(|r| {
-                    r.n += 1;
-                    r.hold = true;
-                    r.part = None;
-                });
+            ["reconnect", k, parts] => match (k.parse::<usize>(), parts.parse::<usize>()) {
+                (Ok(k), Ok(parts)) if k < parts => {
+                    round(false, Some((k, parts)));
+                    json!({"event": "reconnecting"})
+                }
+                _ => json!({"event": "error", "message": format!("bad part in {}", line.trim())}),
+            },
+            ["disconnect"] => {
+                round(true, None);
                 json!({"event": "disconnecting"})
             }
-            ("quit", 1) => break,
+            ["quit"] => break,
             _ => json!({"event": "error", "message": format!("unknown command {}", line.trim())}),
         };
         out.write_all(format!("{reply}\n").as_bytes()).await?;
