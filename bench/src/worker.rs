@@ -104,12 +104,16 @@ fn base_tls(args: &WorkerArgs) -> Result<tokio_rustls::rustls::ClientConfig> {
     for c in CertificateDer::pem_file_iter(ca).context("the TLS certificate")? {
         roots.add(c.context("the TLS certificate")?)?;
     }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    // The SDK's order (sdk-core's `tls_provider`): AES-128-GCM first, as
+    // browsers send it, so the server and the ideal both run SHA-256.
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     Ok(cfg)
 }
 

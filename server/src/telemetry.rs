@@ -92,6 +92,12 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "TLS handshakes completed on the client listeners, by kind (full, resumed: a session ticket spared the certificate signature)",
     ),
     (
+        "mpush_tls_suites_total",
+        Counter,
+        Unit::Count,
+        "TLS handshakes completed on the client listeners, by the cipher suite negotiated (the client's preference decides)",
+    ),
+    (
         "mpush_tls_handshake_errors_total",
         Counter,
         Unit::Count,

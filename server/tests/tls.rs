@@ -137,6 +137,27 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
     https_push(&http, &base, "walt", "over wss").await;
     message(&mut over_tcp, "over tls").await;
     message(&mut over_ws, "over wss").await;
+    // The SDK offers AES-128-GCM first, as browsers do, and the listeners
+    // follow the client's order: the key schedule ran on SHA-256, never on
+    // AES-256-GCM's SHA-384 (no other client of this binary's tests does
+    // TLS to the client listeners).
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let handshakes = |suite: &str| {
+        let series = format!("mpush_tls_suites_total{{suite=\"{suite}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(handshakes("TLS13_AES_128_GCM_SHA256") >= 2.0, "{text}");
+    assert_eq!(handshakes("TLS13_AES_256_GCM_SHA384"), 0.0, "{text}");
     // The allocator hands out the TLS addresses, and a client that knows
     // only the allocator (over HTTPS, with the same pinned certificate)
     // connects through it.
