@@ -55,6 +55,11 @@ pub struct RunArgs {
     /// fast connects, then all the accepts).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
     pub fast_parts: u16,
+    /// The TLS connects (each transport) likewise alternate with the
+    /// ideal's TLS accepts in this many parts (1: all the server's
+    /// connects, then all the ideal's accepts).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub tls_parts: u16,
 }
 
 /// `--rebind`, for every worker this run starts.
@@ -699,8 +704,9 @@ struct Sizes {
     /// The cost curve's steps (connections) and its node processes.
     curve: Vec<usize>,
     curve_nodes: usize,
-    /// `--fast-parts`.
+    /// `--fast-parts`, `--tls-parts`.
     fast_parts: usize,
+    tls_parts: usize,
 }
 
 fn ratio(ours: f64, ideal: f64) -> f64 {
@@ -1292,8 +1298,11 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
 
 /// The connect path over TLS, the server alone on CPU 0: TCP and WebSocket
 /// with the transport-secured profile (a full connect, then every client
-/// reconnecting with its TLS session and its resume ticket), and the ideal
-/// server doing a TLS accept alone. ECDSA P-256 certificate, TLS 1.3.
+/// reconnecting with its TLS session and its resume ticket), each beside the
+/// ideal server doing a TLS accept alone: the connects come in `tls_parts`
+/// parts, each beside as many of the ideal's accepts (the side that goes
+/// first alternates), as the fast connect does. ECDSA P-256 certificate,
+/// TLS 1.3.
 async fn tls_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let n = s.conns;
     let dir = std::env::temp_dir().join(format!("mpush-bench-tls-{}", std::process::id()));
@@ -1309,31 +1318,71 @@ async fn tls_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         ("MPUSH__TLS__LISTENERS", "[\"tcp\",\"ws\"]"),
     ];
     let us = |cpu: f64, k: usize| cpu * 1e6 / k.max(1) as f64;
-    let mut out = json!({"conns": n, "certificate": "ECDSA P-256", "protocol": "TLS 1.3"});
+    let parts = s.tls_parts.clamp(1, n.max(1));
+    let mut out =
+        json!({"conns": n, "certificate": "ECDSA P-256", "protocol": "TLS 1.3", "parts": parts});
+    let (mut ideal_sum, mut ideal_held) = (0.0, 0);
     for (t, name) in [(Transport::Tcp, "tcp"), (Transport::Ws, "ws")] {
-        eprintln!("cpu: {name} over TLS, transport-secured profile");
+        eprintln!(
+            "cpu: {name} over TLS, transport-secured profile, alternately with the ideal's TLS accepts"
+        );
         let server = start_server_with(bin, None, Some("0"), &env).await?;
         let pid = server.child.id().unwrap_or(0);
+        let mut ideal = start_ideal_with(me, Some("0"), Some((&cert, &key))).await?;
+        let ipid = ideal.proc.pid();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let target = if t == Transport::Ws {
             &server.ws
         } else {
             &server.tcp
         };
-        let c0 = cpu_secs(pid);
-        let mut w = Workers::start_tls(
-            me,
-            std::slice::from_ref(target),
-            t,
-            false,
-            n,
-            0,
-            Some(&cert),
-        )
-        .await?;
-        w.wait("TLS connects", s.timeout, |x| x.bound >= n as u64)
-            .await?;
-        let connect_cpu = cpu_secs(pid) - c0;
+        let (mut connect_cpu, mut ideal_cpu) = (0.0, 0.0);
+        let (mut done, mut held) = (0, 0);
+        let (mut w, mut iw): (Option<Workers>, Option<Workers>) = (None, None);
+        for k in 0..parts {
+            let part = (k..n).step_by(parts).count();
+            for ours in [k % 2 == 0, k % 2 == 1] {
+                let (p, addr, kind, first) = if ours {
+                    (pid, target, t, done)
+                } else {
+                    (ipid, &ideal.addr, Transport::Ideal, 0)
+                };
+                let c = cpu_secs(p);
+                let mut more = Workers::start_tls(
+                    me,
+                    std::slice::from_ref(addr),
+                    kind,
+                    false,
+                    part,
+                    first,
+                    Some(&cert),
+                )
+                .await?;
+                more.wait("TLS connects", s.timeout, |x| x.bound >= part as u64)
+                    .await?;
+                if ours {
+                    // What the server still does for the last of them.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    connect_cpu += cpu_secs(pid) - c;
+                } else {
+                    held = ideal_accepted(&mut ideal, done + part, s.timeout).await?;
+                    ideal_cpu += cpu_secs(ipid) - c;
+                }
+                let all = if ours { &mut w } else { &mut iw };
+                match all {
+                    Some(all) => all.procs.append(&mut more.procs),
+                    None => *all = Some(more),
+                }
+            }
+            done += part;
+        }
+        // The ideal's part is done: it and its clients leave before the
+        // reconnects.
+        if let Some(iw) = iw {
+            iw.quit().await;
+        }
+        drop(ideal);
+        let mut w = w.context("no TLS connections")?;
         let c1 = cpu_secs(pid);
         w.all("reconnect").await?;
         w.wait("TLS fast connects", s.timeout, |x| {
@@ -1347,34 +1396,18 @@ async fn tls_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
             scrape(&server.api, "mpush_tls_handshakes_total{kind=\"resumed\"}").await?;
         w.quit().await;
         drop(server);
+        ideal_sum += ideal_cpu;
+        ideal_held += held;
         out[name] = json!({
             "connect_cpu_us": us(connect_cpu, n),
+            "ideal_accept_cpu_us": us(ideal_cpu, held),
             "fast_connect_cpu_us": us(fast_cpu, n),
             "resumed": totals.resumed,
             "tls_resumed": tls_resumed,
         });
     }
-    eprintln!("cpu: the ideal server's TLS accept");
-    let mut ideal = start_ideal_with(me, Some("0"), Some((&cert, &key))).await?;
-    let ipid = ideal.proc.pid();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let c = cpu_secs(ipid);
-    let mut iw = Workers::start_tls(
-        me,
-        std::slice::from_ref(&ideal.addr),
-        Transport::Ideal,
-        false,
-        n,
-        0,
-        Some(&cert),
-    )
-    .await?;
-    iw.wait("ideal TLS accepts", s.timeout, |x| x.bound >= n as u64)
-        .await?;
-    let held = ideal_accepted(&mut ideal, n, s.timeout).await?;
-    out["ideal_accept_cpu_us"] = json!(us(cpu_secs(ipid) - c, held));
-    iw.quit().await;
-    drop(ideal);
+    // Both transports' references together.
+    out["ideal_accept_cpu_us"] = json!(us(ideal_sum, ideal_held));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(out)
 }
@@ -1938,6 +1971,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             curve: vec![300, 900],
             curve_nodes: 2,
             fast_parts: a.fast_parts.into(),
+            tls_parts: a.tls_parts.into(),
         }
     } else {
         Sizes {
@@ -1960,6 +1994,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
             curve: vec![10_000, 50_000, 100_000],
             curve_nodes: 6,
             fast_parts: a.fast_parts.into(),
+            tls_parts: a.tls_parts.into(),
         }
     };
     let started = Instant::now();
