@@ -95,7 +95,7 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_tls_suites_total",
         Counter,
         Unit::Count,
-        "TLS handshakes completed on the client listeners, by the cipher suite negotiated (the client's preference decides)",
+        "TLS handshakes completed on the client listeners, by the cipher suite negotiated (AES-128-GCM unless the client puts ChaCha20 first)",
     ),
     (
         "mpush_tls_handshake_errors_total",

@@ -2,13 +2,22 @@
 //! key from PEM files, reloaded without dropping a connection, on SIGHUP or
 //! when a file changes (checked every few seconds). A reload that fails
 //! keeps the certificate in use and says why.
+//!
+//! The cipher suite is the server's choice, as Go's crypto/tls makes it:
+//! AES-128-GCM (a SHA-256 key schedule, which CPUs accelerate; AES-256-GCM's
+//! SHA-384 runs in plain code on CPUs without SHA-512 instructions, about a
+//! sixth more CPU per connect), unless the client's first choice is
+//! ChaCha20-Poly1305, which a client without AES instructions puts first:
+//! it gets ChaCha20.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::{Mutex, RwLock};
-use tokio_rustls::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::LazyConfigAcceptor;
+use tokio_rustls::rustls::CipherSuite;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
@@ -39,13 +48,71 @@ pub struct Tls {
     cert_file: PathBuf,
     key_file: PathBuf,
     current: Arc<Current>,
-    acceptor: TlsAcceptor,
+    acceptor: Acceptor,
     /// The files' modification times at the last load.
     stamp: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+const AES_128: [CipherSuite; 3] = [
+    CipherSuite::TLS13_AES_128_GCM_SHA256,
+    CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+];
+const CHACHA: [CipherSuite; 3] = [
+    CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+    CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+];
+
+/// rustls' suites with `first` ahead of the rest (whose order is kept).
+fn ordered(first: &[&[CipherSuite]]) -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
+    p.cipher_suites.sort_by_key(|s| {
+        first
+            .iter()
+            .position(|group| group.contains(&s.suite()))
+            .unwrap_or(first.len())
+    });
+    Arc::new(p)
+}
+
+/// Whether the first suite of the client's list that this server has is a
+/// ChaCha20 one: a client without AES instructions says so that way.
+fn prefers_chacha(offered: &[CipherSuite]) -> bool {
+    let ours = rustls::crypto::aws_lc_rs::ALL_CIPHER_SUITES;
+    offered
+        .iter()
+        .find(|o| ours.iter().any(|s| s.suite() == **o))
+        .is_some_and(|o| CHACHA.contains(o))
+}
+
+/// The listeners' TLS accept: reads the ClientHello, then completes the
+/// handshake with the configuration whose suite order suits the client
+/// (the module's comment). Both share the certificate and the ticket keys,
+/// so a ticket from either resumes on either.
+#[derive(Clone)]
+pub struct Acceptor {
+    aes: Arc<ServerConfig>,
+    chacha: Arc<ServerConfig>,
+}
+
+impl Acceptor {
+    pub async fn accept<IO>(&self, io: IO) -> std::io::Result<tokio_rustls::server::TlsStream<IO>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+        let config = if prefers_chacha(start.client_hello().cipher_suites()) {
+            &self.chacha
+        } else {
+            &self.aes
+        };
+        start.into_stream(config.clone()).await
+    }
 }
 
 /// Why a certificate could not be loaded (the words name the file).
@@ -103,28 +170,37 @@ impl Tls {
         let current = Arc::new(Current {
             key: RwLock::new(key),
         });
-        let mut config = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(current.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         // Resumption by stateless tickets (keys rotated by rustls every six
         // hours), not by rustls' default 256-entry session cache: every
         // client of a large node can resume, and a reconnect skips the
         // certificate signature. One ticket per handshake: a client
         // reconnects with one session at a time.
-        config.ticketer = tokio_rustls::rustls::crypto::aws_lc_rs::Ticketer::new()?;
-        config.send_tls13_tickets = 1;
+        let ticketer = tokio_rustls::rustls::crypto::aws_lc_rs::Ticketer::new()?;
+        let config = |first: &[&[CipherSuite]]| -> Result<Arc<ServerConfig>, TlsError> {
+            let mut config = ServerConfig::builder_with_provider(ordered(first))
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_cert_resolver(current.clone());
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            config.ignore_client_order = true;
+            config.ticketer = ticketer.clone();
+            config.send_tls13_tickets = 1;
+            Ok(Arc::new(config))
+        };
+        let acceptor = Acceptor {
+            aes: config(&[&AES_128])?,
+            chacha: config(&[&CHACHA, &AES_128])?,
+        };
         Ok(Arc::new(Self {
             cert_file: cert_file.to_owned(),
             key_file: key_file.to_owned(),
             current,
-            acceptor: TlsAcceptor::from(Arc::new(config)),
+            acceptor,
             stamp: Mutex::new((mtime(cert_file), mtime(key_file))),
         }))
     }
 
-    pub fn acceptor(&self) -> &TlsAcceptor {
+    pub fn acceptor(&self) -> &Acceptor {
         &self.acceptor
     }
 
@@ -177,5 +253,69 @@ impl Tls {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CipherSuite as S;
+
+    #[test]
+    fn chacha_only_for_a_client_that_puts_it_first() {
+        // Chrome's and Firefox's order, rustls' (and Node's, the JDK's)
+        // AES-256 first, an AES-less phone's ChaCha20 first.
+        let browser = [
+            S::TLS13_AES_128_GCM_SHA256,
+            S::TLS13_AES_256_GCM_SHA384,
+            S::TLS13_CHACHA20_POLY1305_SHA256,
+        ];
+        let aes_256_first = [
+            S::TLS13_AES_256_GCM_SHA384,
+            S::TLS13_CHACHA20_POLY1305_SHA256,
+            S::TLS13_AES_128_GCM_SHA256,
+        ];
+        let no_aes = [
+            S::TLS13_CHACHA20_POLY1305_SHA256,
+            S::TLS13_AES_128_GCM_SHA256,
+        ];
+        assert!(!prefers_chacha(&browser));
+        assert!(!prefers_chacha(&aes_256_first));
+        assert!(prefers_chacha(&no_aes));
+        // Suites this server does not have are skipped (GREASE, old CBC
+        // ones); a TLS 1.2 client's ChaCha20 counts too.
+        let grease = S::from(0x0a0a);
+        assert!(prefers_chacha(&[
+            grease,
+            S::TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA,
+            S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        ]));
+        assert!(!prefers_chacha(&[grease]));
+        assert!(!prefers_chacha(&[]));
+    }
+
+    #[test]
+    fn the_orders_put_their_groups_first_and_keep_every_suite() {
+        let suites = |p: Arc<rustls::crypto::CryptoProvider>| -> Vec<CipherSuite> {
+            p.cipher_suites.iter().map(|s| s.suite()).collect()
+        };
+        let all = suites(provider());
+        let aes = suites(ordered(&[&AES_128]));
+        let chacha = suites(ordered(&[&CHACHA, &AES_128]));
+        for o in [&aes, &chacha] {
+            let (mut a, mut b) = (o.clone(), all.clone());
+            a.sort_by_key(|s| u16::from(*s));
+            b.sort_by_key(|s| u16::from(*s));
+            assert_eq!(a, b, "the same suites, reordered");
+        }
+        assert_eq!(aes[0], S::TLS13_AES_128_GCM_SHA256);
+        assert!(aes[..3].iter().all(|s| AES_128.contains(s)), "{aes:?}");
+        assert_eq!(chacha[0], S::TLS13_CHACHA20_POLY1305_SHA256);
+        assert!(chacha[..3].iter().all(|s| CHACHA.contains(s)), "{chacha:?}");
+        assert!(
+            chacha[3..6].iter().all(|s| AES_128.contains(s)),
+            "{chacha:?}"
+        );
     }
 }

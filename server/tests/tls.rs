@@ -137,10 +137,9 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
     https_push(&http, &base, "walt", "over wss").await;
     message(&mut over_tcp, "over tls").await;
     message(&mut over_ws, "over wss").await;
-    // The SDK offers AES-128-GCM first, as browsers do, and the listeners
-    // follow the client's order: the key schedule ran on SHA-256, never on
-    // AES-256-GCM's SHA-384 (no other client of this binary's tests does
-    // TLS to the client listeners).
+    // AES-128-GCM (the SDK offers it first, as browsers do, and the
+    // listeners choose it): the key schedule ran on SHA-256, never on
+    // AES-256-GCM's SHA-384.
     let text = http
         .get(format!("{base}/metrics"))
         .send()
@@ -369,6 +368,88 @@ async fn the_transport_secured_profile_over_tls_and_never_over_plain_tcp() {
     }
     assert!(!connected, "a plaintext session on a plain connection");
     plain.shutdown().await;
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One TLS handshake with `cfg` to `addr`, then a short read, which takes
+/// in the session ticket the server sends after it: (the suite, full or
+/// resumed).
+async fn tls_handshake(
+    addr: std::net::SocketAddr,
+    cfg: Arc<tokio_rustls::rustls::ClientConfig>,
+) -> (
+    Option<tokio_rustls::rustls::CipherSuite>,
+    Option<tokio_rustls::rustls::HandshakeKind>,
+) {
+    use tokio::io::AsyncReadExt;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    let mut buf = [0u8; 64];
+    let _ = tokio::time::timeout(Duration::from_millis(300), tls.read(&mut buf)).await;
+    let c = tls.get_ref().1;
+    (
+        c.negotiated_cipher_suite().map(|s| s.suite()),
+        c.handshake_kind(),
+    )
+}
+
+/// The listeners choose the suite, as Go's crypto/tls does: AES-128-GCM for
+/// a client that lists AES-256-GCM first (rustls', Node's and the JDK's
+/// default order), whose SHA-384 key schedule costs more; ChaCha20 for a
+/// client that puts it first (one without AES instructions). A session
+/// ticket resumes on any listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listeners_choose_aes_128_unless_the_client_puts_chacha_first() {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::{self, CipherSuite, HandshakeKind};
+    let (s, cert, dir) = tls_setup("suites");
+    let server = start(s).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes()) {
+        roots.add(c.expect("PEM")).expect("a root");
+    }
+    let client = |first: Option<CipherSuite>| {
+        let mut p = rustls::crypto::aws_lc_rs::default_provider();
+        if let Some(first) = first {
+            p.cipher_suites.sort_by_key(|s| s.suite() != first);
+        }
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(p))
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(roots.clone())
+                .with_no_client_auth(),
+        )
+    };
+    let aes_256_first = client(None);
+    assert_eq!(
+        aes_256_first.crypto_provider().cipher_suites[0].suite(),
+        CipherSuite::TLS13_AES_256_GCM_SHA384,
+        "rustls' own order lists AES-256-GCM first"
+    );
+    let chacha_first = client(Some(CipherSuite::TLS13_CHACHA20_POLY1305_SHA256));
+    for (cfg, want) in [
+        (aes_256_first, CipherSuite::TLS13_AES_128_GCM_SHA256),
+        (chacha_first, CipherSuite::TLS13_CHACHA20_POLY1305_SHA256),
+    ] {
+        // A full handshake, then resumed ones: one ticket key serves every
+        // listener.
+        let ws = server.ws.expect("ws");
+        for (addr, listener, how) in [
+            (server.tcp, "tcp", HandshakeKind::Full),
+            (server.tcp, "tcp", HandshakeKind::Resumed),
+            (ws, "ws", HandshakeKind::Resumed),
+        ] {
+            let (suite, kind) = tls_handshake(addr, cfg.clone()).await;
+            assert_eq!(suite, Some(want), "{listener}");
+            assert_eq!(kind, Some(how), "{listener}");
+        }
+    }
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

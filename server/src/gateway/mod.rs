@@ -24,10 +24,10 @@ use tracing::{debug, warn};
 
 use crate::config::{TrustedProxies, Validated};
 use crate::route::ConnQueue;
+use crate::tls::Acceptor as TlsAcceptor;
 use limits::{IpRateLimit, IpSlot, PerIp, RsaPool};
 use mpush_protocol::server::ServerConfig;
 pub use seam::Logic;
-use tokio_rustls::TlsAcceptor;
 use transport::{Tcp, TlsTcp, Ws};
 
 /// What the gateway reads of the configuration, taken once when it is
