@@ -398,9 +398,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                     logic.store_session(s).await;
                 }
                 self.set_info(device, profile);
-                metrics::counter!("mpush_handshakes_total", "kind" => "full").increment(1);
-                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "full")
-                    .record(self.accepted.elapsed().as_secs_f64());
+                self.handshaken(Handshake::Full);
             }
             ServerEvent::DecryptRequested { ciphertext } => {
                 // Off the async workers (the address's budget is its
@@ -465,9 +463,7 @@ impl<T: Transport, L: Logic> Driver<T, L> {
                 replaces,
             } => {
                 self.set_info(device, profile);
-                metrics::counter!("mpush_handshakes_total", "kind" => "fast").increment(1);
-                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "fast")
-                    .record(self.accepted.elapsed().as_secs_f64());
+                self.handshaken(Handshake::Fast);
                 if (replaces.is_some() || session.is_some())
                     && !Box::pin(logic.rotate_session(replaces, session)).await
                 {
@@ -721,12 +717,46 @@ impl<T: Transport, L: Logic> Driver<T, L> {
         }
     }
 
+    fn handshaken(&self, kind: Handshake) {
+        let (count, duration) = handshake_metrics(kind);
+        count.increment(1);
+        duration.record(self.accepted.elapsed().as_secs_f64());
+    }
+
     async fn finish(&mut self) {
         if let (Some(user), Some(info)) = (self.user.take(), &self.info) {
             self.gw.logic.unbind(&user, info).await;
         }
         self.tx.close();
         self.gw.logic.closed();
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Handshake {
+    Full,
+    Fast,
+}
+
+/// The handshake metrics of each kind, looked up once (a lookup by name and
+/// label costs a hash and a lock on every connect).
+fn handshake_metrics(kind: Handshake) -> &'static (metrics::Counter, metrics::Histogram) {
+    type Pair = (metrics::Counter, metrics::Histogram);
+    static FULL: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
+    static FAST: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
+    match kind {
+        Handshake::Full => FULL.get_or_init(|| {
+            (
+                metrics::counter!("mpush_handshakes_total", "kind" => "full"),
+                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "full"),
+            )
+        }),
+        Handshake::Fast => FAST.get_or_init(|| {
+            (
+                metrics::counter!("mpush_handshakes_total", "kind" => "fast"),
+                metrics::histogram!("mpush_handshake_duration_seconds", "kind" => "fast"),
+            )
+        }),
     }
 }
 
