@@ -373,7 +373,7 @@ fn tls_config(
 /// puts AES-256-GCM first). A server that follows the client's order
 /// (rustls' default, nginx's) then runs its key schedule on SHA-256, which
 /// CPUs accelerate (SHA-NI), instead of SHA-384, which runs in plain code
-/// on CPUs without SHA-512 instructions: about a sixth less server CPU per
+/// on CPUs without SHA-512 instructions: about a tenth less server CPU per
 /// TLS connect (BENCHMARKS.md). Our server chooses AES-128-GCM itself.
 /// Both are TLS 1.3's standard suites; AES-128 is the one every TLS 1.3
 /// stack must implement. The bench's load clients order theirs the same.

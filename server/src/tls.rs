@@ -6,7 +6,7 @@
 //! The cipher suite is the server's choice, as Go's crypto/tls makes it:
 //! AES-128-GCM (a SHA-256 key schedule, which CPUs accelerate; AES-256-GCM's
 //! SHA-384 runs in plain code on CPUs without SHA-512 instructions, about a
-//! sixth more CPU per connect), unless the client's first choice is
+//! tenth more CPU per connect), unless the client's first choice is
 //! ChaCha20-Poly1305, which a client without AES instructions puts first:
 //! it gets ChaCha20.
 
