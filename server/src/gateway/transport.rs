@@ -51,22 +51,21 @@ impl Transport for Tcp {
         // Polled readiness, not `readable().await`: the idle connection's task
         // then holds no 152-byte readiness future, only its waker in the
         // socket's registration. The buffer lives only inside one poll.
-        // Read into the spare room of a fresh buffer: no 8 KiB stack buffer
-        // zeroed per read and no copy out of it.
+        // Read into the spare room of a fresh buffer (allocated once the
+        // socket is ready): no 8 KiB stack buffer zeroed per read and no copy
+        // out of it. Through tokio's own read, which takes a read shorter than
+        // the buffer as the kernel's buffer drained and clears the socket's
+        // readiness: the next `recv` waits for epoll instead of making a read
+        // system call that finds nothing (one per message received).
         std::future::poll_fn(|cx| {
-            loop {
-                std::task::ready!(self.0.poll_read_ready(cx))?;
-                let mut buf = BytesMut::with_capacity(READ_CHUNK);
-                match self.0.try_read_buf(&mut buf) {
-                    Ok(0) => return std::task::Poll::Ready(Ok(Incoming::Eof)),
-                    Ok(_) => {
-                        return std::task::Poll::Ready(Ok(Incoming::Data(buf.freeze())));
-                    }
-                    // Readiness was stale: poll again (registers the waker).
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return std::task::Poll::Ready(Err(e)),
-                }
-            }
+            std::task::ready!(self.0.poll_read_ready(cx))?;
+            let mut buf = BytesMut::with_capacity(READ_CHUNK);
+            let read = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.0), cx, &mut buf);
+            std::task::Poll::Ready(match std::task::ready!(read) {
+                Ok(0) => Ok(Incoming::Eof),
+                Ok(_) => Ok(Incoming::Data(buf.freeze())),
+                Err(e) => Err(e),
+            })
         })
         .await
     }
