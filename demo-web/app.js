@@ -151,7 +151,11 @@ async function followTrace(traceId, headers) {
   const deadline = Date.now() + 60000;
   while (run === following && Date.now() < deadline) {
     try {
-      const r = await fetch(`/api/v1/traces/${encodeURIComponent(traceId)}`, { headers });
+      // Bounded: a request that never answers must not stop the following.
+      const r = await fetch(`/api/v1/traces/${encodeURIComponent(traceId)}`, {
+        headers,
+        signal: AbortSignal.timeout(3000),
+      });
       if (r.ok) {
         const t = await r.json();
         for (const rec of t.recipients ?? []) {
