@@ -80,10 +80,9 @@ fn ordered(first: &[&[CipherSuite]]) -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-/// Whether the first suite of the client's list that this server has is a
+/// Whether the first suite of the client's list that `ours` has is a
 /// ChaCha20 one: a client without AES instructions says so that way.
-fn prefers_chacha(offered: &[CipherSuite]) -> bool {
-    let ours = rustls::crypto::aws_lc_rs::ALL_CIPHER_SUITES;
+fn prefers_chacha(offered: &[CipherSuite], ours: &[rustls::SupportedCipherSuite]) -> bool {
     offered
         .iter()
         .find(|o| ours.iter().any(|s| s.suite() == **o))
@@ -106,7 +105,9 @@ impl Acceptor {
         IO: AsyncRead + AsyncWrite + Unpin,
     {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
-        let config = if prefers_chacha(start.client_hello().cipher_suites()) {
+        // The suites the configurations have (both the same, in two orders).
+        let ours = &self.aes.crypto_provider().cipher_suites;
+        let config = if prefers_chacha(start.client_hello().cipher_suites(), ours) {
             &self.chacha
         } else {
             &self.aes
@@ -263,6 +264,8 @@ mod tests {
 
     #[test]
     fn chacha_only_for_a_client_that_puts_it_first() {
+        let provider = provider();
+        let ours = &provider.cipher_suites;
         // Chrome's and Firefox's order, rustls' (and Node's, the JDK's)
         // AES-256 first, an AES-less phone's ChaCha20 first.
         let browser = [
@@ -279,20 +282,23 @@ mod tests {
             S::TLS13_CHACHA20_POLY1305_SHA256,
             S::TLS13_AES_128_GCM_SHA256,
         ];
-        assert!(!prefers_chacha(&browser));
-        assert!(!prefers_chacha(&aes_256_first));
-        assert!(prefers_chacha(&no_aes));
+        assert!(!prefers_chacha(&browser, ours));
+        assert!(!prefers_chacha(&aes_256_first, ours));
+        assert!(prefers_chacha(&no_aes, ours));
         // Suites this server does not have are skipped (GREASE, old CBC
         // ones); a TLS 1.2 client's ChaCha20 counts too.
         let grease = S::from(0x0a0a);
-        assert!(prefers_chacha(&[
-            grease,
-            S::TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA,
-            S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-            S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-        ]));
-        assert!(!prefers_chacha(&[grease]));
-        assert!(!prefers_chacha(&[]));
+        assert!(prefers_chacha(
+            &[
+                grease,
+                S::TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA,
+                S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            ],
+            ours
+        ));
+        assert!(!prefers_chacha(&[grease], ours));
+        assert!(!prefers_chacha(&[], ours));
     }
 
     #[test]
