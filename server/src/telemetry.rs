@@ -41,7 +41,7 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_trace_queue_depth",
         Gauge,
         Unit::Count,
-        "Trace events waiting for the trace writer, updated every second",
+        "Trace events waiting for the trace writer (Redis; the memory store takes each in place), updated every second",
     ),
     (
         "mpush_inbox_messages",
@@ -341,7 +341,7 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_trace_events_dropped_total",
         Counter,
         Unit::Count,
-        "Trace events dropped: the trace writer's queue was full",
+        "Trace events dropped: the trace writer's queue was full (Redis; the memory store takes each in place)",
     ),
     (
         "mpush_trace_events_lost_total",

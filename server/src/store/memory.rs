@@ -596,6 +596,16 @@ impl TraceStore for MemoryTraces {
         Ok(())
     }
 
+    fn record_now(&self, event: &TraceEvent) -> bool {
+        let mut m = self.inner.lock();
+        let added = m.record(event);
+        m.bytes += added;
+        if added > 0 {
+            m.shrink(self.max_bytes);
+        }
+        true
+    }
+
     async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError> {
         let mut m = self.inner.lock();
         let mut added = 0;

@@ -273,6 +273,13 @@ pub trait TraceStore: Send + Sync + 'static {
     async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError>;
     /// Applies state changes, in order (one batch: one lock or one round trip).
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError>;
+    /// Applies one state change now, where that costs no I/O (the memory
+    /// store: one short lock): true when it did. A store that answers false
+    /// gets its events in batches from the node's trace writer instead.
+    fn record_now(&self, event: &TraceEvent) -> bool {
+        let _ = event;
+        false
+    }
     /// Adds a node's counts to broadcasts' traces.
     async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError>;
     /// A cluster broadcast reached `nodes` nodes (what PUBLISH answered): it
