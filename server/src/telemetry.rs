@@ -89,19 +89,19 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_tls_handshakes_total",
         Counter,
         Unit::Count,
-        "TLS handshakes completed on the client listeners, by kind (full, resumed: a session ticket spared the certificate signature)",
+        "TLS handshakes completed on the client listeners and the HTTPS API, by kind (full, resumed: a session ticket spared the certificate signature)",
     ),
     (
         "mpush_tls_suites_total",
         Counter,
         Unit::Count,
-        "TLS handshakes completed on the client listeners, by the cipher suite negotiated (AES-128-GCM unless the client puts ChaCha20 first)",
+        "TLS handshakes completed on the client listeners and the HTTPS API, by the cipher suite negotiated (AES-128-GCM unless the client puts ChaCha20 first)",
     ),
     (
         "mpush_tls_handshake_errors_total",
         Counter,
         Unit::Count,
-        "TLS handshakes that failed or timed out",
+        "TLS handshakes that failed or timed out, on the client listeners and the HTTPS API",
     ),
     (
         "mpush_tls_reloads_total",

@@ -112,8 +112,26 @@ impl Acceptor {
         } else {
             &self.aes
         };
-        start.into_stream(config.clone()).await
+        let tls = start.into_stream(config.clone()).await?;
+        count(tls.get_ref().1);
+        Ok(tls)
     }
+}
+
+/// A completed handshake in the metrics, whichever listener took it (the
+/// client listeners and the HTTPS API): full or resumed, and its suite (a
+/// label from rustls' fixed set of names: no client can add a series).
+fn count(conn: &rustls::ServerConnection) {
+    let kind = match conn.handshake_kind() {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
+    };
+    metrics::counter!("mpush_tls_handshakes_total", "kind" => kind).increment(1);
+    let suite = conn
+        .negotiated_cipher_suite()
+        .and_then(|s| s.suite().as_str())
+        .unwrap_or("other");
+    metrics::counter!("mpush_tls_suites_total", "suite" => suite).increment(1);
 }
 
 /// Why a certificate could not be loaded (the words name the file).

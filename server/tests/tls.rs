@@ -453,3 +453,197 @@ async fn the_listeners_choose_aes_128_unless_the_client_puts_chacha_first() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `openssl s_client` to `addr` with `args`, trusting only the test's
+/// certificate: (protocol, suite in OpenSSL's names).
+fn openssl_handshake(addr: std::net::SocketAddr, ca: &Path, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &addr.to_string(),
+            "-servername",
+            "localhost",
+        ])
+        .args(["-brief", "-verify_return_error", "-CAfile"])
+        .arg(ca)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl (scripts/test installs it)");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("openssl {args:?} to {addr}: no `{name}` in\n{text}"))
+    };
+    (field("Protocol version:"), field("Ciphersuite:"))
+}
+
+/// The JDK's TLS client (`SSLSocket`, its default suite order: AES-256-GCM
+/// first in TLS 1.3 and in TLS 1.2), trusting only the certificate in `ca`:
+/// a handshake per protocol given (`default` or a protocol name); prints
+/// the protocol and suite of each.
+const JAVA_PROBE: &str = r#"
+import java.io.FileInputStream;
+import java.io.InputStream;
+import java.security.KeyStore;
+import java.security.cert.CertificateFactory;
+import java.util.List;
+import javax.net.ssl.*;
+
+public class TlsProbe {
+    public static void main(String[] a) throws Exception {
+        KeyStore ks = KeyStore.getInstance(KeyStore.getDefaultType());
+        ks.load(null, null);
+        try (InputStream in = new FileInputStream(a[1])) {
+            ks.setCertificateEntry("server", CertificateFactory.getInstance("X.509").generateCertificate(in));
+        }
+        TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+        tmf.init(ks);
+        SSLContext ctx = SSLContext.getInstance("TLS");
+        ctx.init(null, tmf.getTrustManagers(), null);
+        for (String port : a[0].split(",")) {
+            for (int i = 2; i < a.length; i++) {
+                try (SSLSocket s = (SSLSocket) ctx.getSocketFactory().createSocket("127.0.0.1", Integer.parseInt(port))) {
+                    if (!a[i].equals("default")) s.setEnabledProtocols(new String[] {a[i]});
+                    SSLParameters p = s.getSSLParameters();
+                    p.setServerNames(List.of(new SNIHostName("localhost")));
+                    s.setSSLParameters(p);
+                    s.startHandshake();
+                    System.out.println(port + " " + s.getSession().getProtocol() + " " + s.getSession().getCipherSuite());
+                }
+            }
+        }
+    }
+}
+"#;
+
+/// Real TLS clients, not rustls: OpenSSL's `s_client` (its own default
+/// order, AES-256-GCM first; ChaCha20 first; TLS 1.2 only, likewise) and
+/// the JDK's `SSLSocket` (TLS 1.3 and TLS 1.2 only) get the suite the
+/// server chooses on the binary gateway's, the WebSocket gateway's and the
+/// HTTPS API's listeners. The HTTPS API's handshakes count in the metrics
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tls_clients_get_aes_128_unless_they_put_chacha_first_on_every_listener() {
+    let (s, cert, dir) = tls_setup("real");
+    let server = start(s).await;
+    let ca = dir.join("cert.pem");
+    let listeners = [
+        ("tcp", server.tcp),
+        ("ws", server.ws.expect("ws")),
+        ("api", server.http),
+    ];
+    let cases: [(&[&str], &str, &str); 4] = [
+        (&[], "TLSv1.3", "TLS_AES_128_GCM_SHA256"),
+        (
+            &[
+                "-ciphersuites",
+                "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256",
+            ],
+            "TLSv1.3",
+            "TLS_CHACHA20_POLY1305_SHA256",
+        ),
+        (&["-tls1_2"], "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256"),
+        (
+            &[
+                "-tls1_2",
+                "-cipher",
+                "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256",
+            ],
+            "TLSv1.2",
+            "ECDHE-ECDSA-CHACHA20-POLY1305",
+        ),
+    ];
+    for (name, addr) in listeners {
+        for (args, protocol, suite) in cases {
+            let ca = ca.clone();
+            let got = tokio::task::spawn_blocking(move || openssl_handshake(addr, &ca, args))
+                .await
+                .expect("openssl");
+            assert_eq!(
+                got,
+                (protocol.to_owned(), suite.to_owned()),
+                "{name} {args:?}"
+            );
+        }
+    }
+
+    // The JDK, in its default order, on every listener.
+    let java = std::process::Command::new("java")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        java,
+        "the JDK probe needs `java` (scripts/test installs openjdk-17-jdk-headless)"
+    );
+    let probe = dir.join("TlsProbe.java");
+    std::fs::write(&probe, JAVA_PROBE).expect("write");
+    let ports = listeners.map(|(_, a)| a.port().to_string()).join(",");
+    let (probe_path, ca_path) = (probe.clone(), ca.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("java")
+            .arg(&probe_path)
+            .arg(&ports)
+            .arg(&ca_path)
+            .args(["default", "TLSv1.2"])
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("java");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut want = Vec::new();
+    for (_, a) in listeners {
+        want.push(format!("{} TLSv1.3 TLS_AES_128_GCM_SHA256", a.port()));
+        want.push(format!(
+            "{} TLSv1.2 TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+            a.port()
+        ));
+    }
+    assert_eq!(text.lines().collect::<Vec<_>>(), want);
+
+    // Every listener counts its handshakes: TLS 1.2 with ChaCha20 is this
+    // test's alone in this process, one per listener.
+    let http = https_client(&cert);
+    let text = http
+        .get(format!("https://127.0.0.1:{}/metrics", server.http.port()))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let count = |suite: &str| {
+        let series = format!("mpush_tls_suites_total{{suite=\"{suite}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        count("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"),
+        3.0,
+        "{text}"
+    );
+    assert!(
+        count("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256") >= 6.0,
+        "{text}"
+    );
+    assert_eq!(
+        count("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"),
+        0.0,
+        "{text}"
+    );
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -348,20 +348,8 @@ async fn tls_then<L: Logic>(
 ) {
     let limit = gw.settings.handshake_timeout;
     let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(s)) => {
-            let conn = s.get_ref().1;
-            let kind = match conn.handshake_kind() {
-                Some(tokio_rustls::rustls::HandshakeKind::Resumed) => "resumed",
-                _ => "full",
-            };
-            metrics::counter!("mpush_tls_handshakes_total", "kind" => kind).increment(1);
-            let suite = conn
-                .negotiated_cipher_suite()
-                .and_then(|s| s.suite().as_str())
-                .unwrap_or("other");
-            metrics::counter!("mpush_tls_suites_total", "suite" => suite).increment(1);
-            s
-        }
+        // Counted by the acceptor (`mpush_tls_handshakes_total`, `_suites_total`).
+        Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             metrics::counter!("mpush_tls_handshake_errors_total").increment(1);
             debug!(%peer, error = %e, "TLS handshake failed");
