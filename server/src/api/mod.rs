@@ -494,6 +494,10 @@ async fn push(
         spec,
     )
     .await?;
+    // The push is queued on its connection, whose task was just woken: let
+    // it write before this answer does, so the message does not wait
+    // behind the HTTP response's write (on a busy worker it runs next).
+    tokio::task::yield_now().await;
     Ok(answer::single(a))
 }
 
