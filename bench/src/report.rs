@@ -230,6 +230,20 @@ pub fn targets(r: &Value) -> Vec<Target> {
             missing: None,
         });
     }
+    // Every message's trace keeps its states under the flood: a trace writer
+    // that falls behind drops events (counted), which would also make the
+    // rates above cheaper than they are.
+    let dropped = &d["batch"]["trace_events_dropped"];
+    t.push(Target {
+        name: "trace events dropped while the batch and cluster phases flood the servers".into(),
+        measured: f(dropped) + f(&r["cluster"]["trace_events_dropped"]),
+        target: 0.0,
+        at_least: false,
+        unit: "events",
+        missing: dropped
+            .is_null()
+            .then_some("this run's server did not report it"),
+    });
     let c = &r["cluster"];
     if !c.is_null() {
         t.push(Target {
@@ -927,6 +941,15 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
             "\nThrough the batch API the server spent {cpu:.2} µs of CPU per message (its \
              process's CPU clock over the phase, the clients' work not included; the rate \
              moves with how the two cores are shared, this figure much less)."
+        );
+    }
+    if let Some(n) = d["batch"]["trace_events_dropped"].as_f64() {
+        let cluster = c["trace_events_dropped"].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            o,
+            "\nTrace events the server dropped (`mpush_trace_events_dropped_total`: its trace \
+             writer fell behind) in the batch phase: {n:.0}; on the three nodes of the cluster \
+             phase: {cluster:.0}. Every message's trace has its states only when both are 0."
         );
     }
     if let Some(b) = c["redis_trace_bytes_per_message"].as_f64() {
