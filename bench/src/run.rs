@@ -904,10 +904,7 @@ async fn delivery(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // Every message's trace has its states (DISPATCHED, DELIVERED): a
     // trace writer that fell behind and dropped events would make the rate
     // cheaper than it is.
-    let dropped = scrape(&server.api, "mpush_trace_events_dropped_total ").await?;
-    if dropped > 0.0 {
-        eprintln!("delivery: {dropped} trace events dropped in the batch phase");
-    }
+    let dropped = trace_events_dropped("delivery", [server.api.as_str()]).await?;
 
     // Paced: a steady rate through the batch API, one request every 10 ms.
     let per_tick = (s.paced_rate / 100).max(1);
@@ -1562,6 +1559,22 @@ async fn paced_ideal(ideal: &mut Ideal, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// The trace events these servers dropped (their trace writers fell
+/// behind), said on stderr when there are any.
+async fn trace_events_dropped<'a>(
+    phase: &str,
+    apis: impl IntoIterator<Item = &'a str>,
+) -> Result<f64> {
+    let mut dropped = 0.0;
+    for api in apis {
+        dropped += scrape(api, "mpush_trace_events_dropped_total ").await?;
+    }
+    if dropped > 0.0 {
+        eprintln!("{phase}: {dropped} trace events dropped");
+    }
+    Ok(dropped)
+}
+
 /// One series' value from the server's `/metrics` (0 when absent).
 async fn scrape(api: &str, series: &str) -> Result<f64> {
     let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
@@ -1781,13 +1794,7 @@ async fn cluster_unicast(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let (messages, per_s, latency) = batch_unicast(&mut w, &http, &servers[0].api, s).await?;
     let trace_bytes =
         redis_used_memory(&redis).await?.saturating_sub(redis0) as f64 / messages.max(1) as f64;
-    let mut dropped = 0.0;
-    for server in &servers {
-        dropped += scrape(&server.api, "mpush_trace_events_dropped_total ").await?;
-    }
-    if dropped > 0.0 {
-        eprintln!("cluster: {dropped} trace events dropped");
-    }
+    let dropped = trace_events_dropped("cluster", servers.iter().map(|s| s.api.as_str())).await?;
     w.quit().await;
     Ok(json!({
         "nodes": 3, "conns": s.conns, "messages": messages, "per_s": per_s, "latency": latency,

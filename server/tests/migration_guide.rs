@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -20,18 +20,6 @@ fn java_program(guide: &str) -> String {
     let start = guide.find("```java\n").expect("a ```java block") + "```java\n".len();
     let len = guide[start..].find("```").expect("its end");
     guide[start..start + len].to_owned()
-}
-
-fn java() -> PathBuf {
-    let ok = Command::new("java")
-        .arg("-version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "the guide's Java program needs a JDK 11+ (`java`); scripts/test installs openjdk-17-jdk-headless"
-    );
-    PathBuf::from("java")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,6 +91,26 @@ async fn https_push(http: &reqwest::Client, base: &str, user: &str, content: &st
     assert_eq!(r.status(), 200);
 }
 
+/// The server's metrics, in Prometheus' text form.
+async fn metrics(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// `mpush_tls_suites_total` of `suite` in a scrape (0: never negotiated).
+fn suite_count(text: &str, suite: &str) -> f64 {
+    let series = format!("mpush_tls_suites_total{{suite=\"{suite}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 fn https_client(pem: &str) -> reqwest::Client {
     reqwest::Client::builder()
         .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem")])
@@ -140,21 +160,8 @@ async fn every_transport_over_tls_and_a_certificate_reload_keeps_connections() {
     // AES-128-GCM (the SDK offers it first, as browsers do, and the
     // listeners choose it): the key schedule ran on SHA-256, never on
     // AES-256-GCM's SHA-384.
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let handshakes = |suite: &str| {
-        let series = format!("mpush_tls_suites_total{{suite=\"{suite}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let text = metrics(&http, &base).await;
+    let handshakes = |suite: &str| suite_count(&text, suite);
     assert!(handshakes("TLS13_AES_128_GCM_SHA256") >= 2.0, "{text}");
     assert_eq!(handshakes("TLS13_AES_256_GCM_SHA384"), 0.0, "{text}");
     // The allocator hands out the TLS addresses, and a client that knows
@@ -573,20 +580,13 @@ async fn real_tls_clients_get_aes_128_unless_they_put_chacha_first_on_every_list
     }
 
     // The JDK, in its default order, on every listener.
-    let java = std::process::Command::new("java")
-        .arg("-version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        java,
-        "the JDK probe needs `java` (scripts/test installs openjdk-17-jdk-headless)"
-    );
+    let java = java();
     let probe = dir.join("TlsProbe.java");
     std::fs::write(&probe, JAVA_PROBE).expect("write");
     let ports = listeners.map(|(_, a)| a.port().to_string()).join(",");
     let (probe_path, ca_path) = (probe.clone(), ca.clone());
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("java")
+        std::process::Command::new(java)
             .arg(&probe_path)
             .arg(&ports)
             .arg(&ca_path)
@@ -614,22 +614,9 @@ async fn real_tls_clients_get_aes_128_unless_they_put_chacha_first_on_every_list
 
     // Every listener counts its handshakes: TLS 1.2 with ChaCha20 is this
     // test's alone in this process, one per listener.
-    let http = https_client(&cert);
-    let text = http
-        .get(format!("https://127.0.0.1:{}/metrics", server.http.port()))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let count = |suite: &str| {
-        let series = format!("mpush_tls_suites_total{{suite=\"{suite}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let base = format!("https://127.0.0.1:{}", server.http.port());
+    let text = metrics(&https_client(&cert), &base).await;
+    let count = |suite: &str| suite_count(&text, suite);
     assert_eq!(
         count("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"),
         3.0,

@@ -553,6 +553,19 @@ pub(crate) fn view(
     }
 }
 
+impl MemoryTraces {
+    /// State changes under one lock, then the byte bound.
+    fn apply(&self, events: &[TraceEvent]) {
+        let mut m = self.inner.lock();
+        let mut added = 0;
+        for e in events {
+            added += m.record(e);
+        }
+        m.bytes += added;
+        m.shrink(self.max_bytes);
+    }
+}
+
 #[async_trait]
 impl TraceStore for MemoryTraces {
     async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError> {
@@ -586,23 +599,12 @@ impl TraceStore for MemoryTraces {
     }
 
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
-        let mut m = self.inner.lock();
-        let mut added = 0;
-        for e in events {
-            added += m.record(e);
-        }
-        m.bytes += added;
-        m.shrink(self.max_bytes);
+        self.apply(events);
         Ok(())
     }
 
     fn record_now(&self, event: &TraceEvent) -> bool {
-        let mut m = self.inner.lock();
-        let added = m.record(event);
-        m.bytes += added;
-        if added > 0 {
-            m.shrink(self.max_bytes);
-        }
+        self.apply(std::slice::from_ref(event));
         true
     }
 

@@ -602,3 +602,17 @@ pub async fn wait_for_nodes(api: &Api, n: usize) {
     }
     panic!("the cluster never listed {n} nodes");
 }
+
+/// The JDK's `java` launcher (11+: single-file sources), which the tests
+/// that run Java programs need; scripts/test installs it.
+pub fn java() -> std::path::PathBuf {
+    let ok = std::process::Command::new("java")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "this test runs a Java program and needs a JDK 11+ (`java`); scripts/test installs openjdk-17-jdk-headless"
+    );
+    std::path::PathBuf::from("java")
+}
