@@ -132,6 +132,9 @@ struct Inner {
     cluster_nodes: Option<Vec<String>>,
     master: Mutex<String>,
     timeout: Duration,
+    /// What it was opened with (for [`RedisHandle::reopen`]).
+    url: String,
+    ca_pem: Option<Vec<u8>>,
 }
 
 struct Sentinel {
@@ -264,6 +267,8 @@ impl RedisHandle {
                 cluster_nodes: Some(nodes),
                 master: Mutex::new(url.to_owned()),
                 timeout,
+                url: url.to_owned(),
+                ca_pem,
             })));
         }
         let sentinel = parse_sentinel(url).map(|mut s| {
@@ -300,7 +305,19 @@ impl RedisHandle {
             cluster_nodes: None,
             master: Mutex::new(target),
             timeout,
+            url: url.to_owned(),
+            ca_pem,
         })))
+    }
+
+    /// A handle of its own to the same Redis (its own connections, which
+    /// follow the master as this one does), opened on the calling runtime:
+    /// their I/O then runs there. The trace writer's thread takes one, so
+    /// its writes do not wait for the async workers (nor theirs for it).
+    pub async fn reopen(&self) -> anyhow::Result<Self> {
+        let h = Self::connect(&self.0.url, self.0.timeout, self.0.ca_pem.clone()).await?;
+        h.spawn_follow();
+        Ok(h)
     }
 
     /// A connection for one or more commands (cheap: a clone of the manager).

@@ -341,7 +341,19 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "mpush_trace_events_dropped_total",
         Counter,
         Unit::Count,
-        "Trace events dropped: the trace writer's queue was full (Redis; the memory store takes each in place)",
+        "Trace events dropped: the trace writer's queue was full (Redis, past the backpressure's deadline; the memory store takes each in place)",
+    ),
+    (
+        "mpush_trace_backpressure_waits_total",
+        Counter,
+        Unit::Count,
+        "Pushes that waited for the trace writer's queue to drain below half",
+    ),
+    (
+        "mpush_trace_backpressure_timeouts_total",
+        Counter,
+        Unit::Count,
+        "Pushes that went on after waiting the trace store's deadline for room",
     ),
     (
         "mpush_trace_events_lost_total",

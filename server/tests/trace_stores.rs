@@ -4,7 +4,10 @@
 //! trace is read. A property test feeds both the same random events (users,
 //! devices and details with `|` in them, a user's records without a device,
 //! every state, history past its cap, random batch splits) and compares the
-//! traces they give back, on a real redis-server.
+//! traces they give back, on a real redis-server. Under a flood the node's
+//! trace writer loses nothing: not while the async workers are all busy (it
+//! has a thread of its own), nor when pushes come faster than Redis takes
+//! their events (they wait for room).
 
 mod common;
 
@@ -384,4 +387,153 @@ async fn expired_traces_leave_the_bound_s_index() {
             .await);
     }
     assert_eq!(weights, 300, "and only theirs are weighed");
+}
+
+/// A node's tracer on `redis`, its batches given `deadline`.
+async fn tracer(redis: &Redis, deadline: Duration) -> mpush_server::logic::trace::Tracer {
+    use mpush_server::logic::callback::Callbacks;
+    let (_, store) = stores(redis).await;
+    let sinks = Arc::new(mpush_server::sink::Sinks::start(
+        &mpush_server::config::Sinks::default(),
+        None,
+    ));
+    let callbacks = Arc::new(Callbacks::new(
+        sinks,
+        "n".into(),
+        1_000,
+        Duration::from_secs(60),
+    ));
+    mpush_server::logic::trace::Tracer::new(Arc::new(store), "n".into(), deadline, callbacks)
+}
+
+/// The node's trace writer keeps up with a flood while the async workers
+/// are busy the whole time. The flood is the bench's batch phase: pushes
+/// to 1,000 users each, DISPATCHED and DELIVERED per recipient, at about
+/// 100k events a second, more events than the writer's queue holds (65,536).
+/// The test holds the runtime's only worker for the whole flood, as the
+/// connection tasks of a loaded node do: as a task on the workers, the
+/// writer could not run until the flood ended, and its queue refused the
+/// rest (tens of thousands of events lost). On a thread of its own, with
+/// its own Redis connection, it drains as events arrive.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_that_holds_every_async_worker_loses_no_trace_event_on_redis() {
+    let redis = Redis::start(free_port()).await;
+    let tracer = tracer(&redis, Duration::from_secs(2)).await;
+    const TRACES: usize = 50;
+    const USERS: usize = 1_000;
+    let mut traces = Vec::new();
+    for _ in 0..TRACES {
+        traces.push(tracer.start(None).await.expect("trace"));
+    }
+    let users: Vec<Arc<str>> = (0..USERS).map(|u| format!("u{u}").into()).collect();
+    let device: Arc<str> = "d".into();
+    let total = 2 * TRACES * USERS;
+    assert!(total > 1 << 16, "more events than the writer's queue holds");
+    // No await from here to the end of the flood: this runtime's only
+    // worker is ours. Paced at one event per 10 µs (spinning).
+    let start = std::time::Instant::now();
+    let mut n = 0u32;
+    for t in &traces {
+        for u in &users {
+            for state in [TraceState::Dispatched, TraceState::Delivered] {
+                tracer.record(t, u, &device, ClientType::Mobile, state, None);
+                n += 1;
+                while start.elapsed() < Duration::from_micros(10) * n {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+    let flood = start.elapsed();
+    assert_eq!(
+        tracer.dropped(),
+        0,
+        "events refused during a {flood:?} flood of {total}"
+    );
+    // Every recipient of every trace reaches Redis, in order.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for t in &traces {
+        loop {
+            let view = tracer.get(t).await.expect("get").expect("the trace");
+            let done = view.recipients.len() == USERS
+                && view.recipients.iter().all(|r| {
+                    r.history.iter().map(|h| h.0).collect::<Vec<_>>()
+                        == [TraceState::Dispatched, TraceState::Delivered]
+                });
+            if done {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trace {t}: {} recipients written",
+                view.recipients.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(tracer.queued(), 0);
+}
+
+/// Backpressure: producers that wait for `Tracer::room` before each push go
+/// at the pace Redis takes the events, however fast they could go, and
+/// nothing is dropped. Here the pushes come as fast as the test can make
+/// them (no pacing): 200 pushes to 1,000 users, 400,000 events, six times
+/// what the writer's queue holds.
+#[tokio::test(flavor = "current_thread")]
+async fn producers_that_wait_for_room_lose_no_trace_event_however_fast_they_go() {
+    let redis = Redis::start(free_port()).await;
+    let tracer = tracer(&redis, Duration::from_secs(5)).await;
+    const PUSHES: usize = 200;
+    const USERS: usize = 1_000;
+    let users: Vec<Arc<str>> = (0..USERS).map(|u| format!("u{u}").into()).collect();
+    let device: Arc<str> = "d".into();
+    let mut traces = Vec::new();
+    let start = std::time::Instant::now();
+    for _ in 0..PUSHES {
+        let t = tracer.start(None).await.expect("trace");
+        tracer.room().await;
+        for u in &users {
+            tracer.record(
+                &t,
+                u,
+                &device,
+                ClientType::Mobile,
+                TraceState::Dispatched,
+                None,
+            );
+        }
+        for u in &users {
+            tracer.record(
+                &t,
+                u,
+                &device,
+                ClientType::Mobile,
+                TraceState::Delivered,
+                None,
+            );
+        }
+        traces.push(t);
+    }
+    let took = start.elapsed();
+    assert_eq!(tracer.dropped(), 0, "events refused ({took:?})");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for t in &traces {
+        loop {
+            let view = tracer.get(t).await.expect("get").expect("the trace");
+            if view.recipients.len() == USERS
+                && view
+                    .recipients
+                    .iter()
+                    .all(|r| r.state == TraceState::Delivered && r.history.len() == 2)
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trace {t}: {} recipients written",
+                view.recipients.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }

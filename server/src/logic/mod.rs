@@ -387,6 +387,8 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
 #[async_trait]
 impl Delivery for Hub {
     async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32> {
+        // The sending node waits with this one for the trace writer.
+        self.delivery.tracer.room().await;
         self.delivery.deliver_forwarded(batch)
     }
 

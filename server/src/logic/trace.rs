@@ -1,9 +1,11 @@
 //! Trace writes: connections and the delivery code hand state changes to
 //! `Tracer::record` (no await, no task per message). The memory store takes
 //! each in place (one short lock); for Redis they go through a bounded queue
-//! to one writer task that applies them in batches (one round trip per
-//! trace, per batch). A broadcast's events are folded into per-node counts
-//! plus its failures by device, never one record per recipient.
+//! to one writer, on a thread and Redis connections of its own, that applies
+//! them in batches (one round trip per trace, per batch). Pushes wait for
+//! room in that queue (`Tracer::room`), so a flood goes at the store's pace.
+//! A broadcast's events are folded into per-node counts plus its failures by
+//! device, never one record per recipient.
 
 use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
@@ -42,6 +44,9 @@ pub struct Tracer {
     store: Arc<dyn TraceStore>,
     tx: mpsc::Sender<Item>,
     dropped: AtomicU64,
+    /// The writer's pace (see [`Tracer::room`]).
+    pace: Arc<Pace>,
+    deadline: Duration,
     live: Live,
     callbacks: Arc<Callbacks>,
 }
@@ -66,13 +71,23 @@ impl LiveCounts {
     }
 }
 
+/// What pushes waiting for room in the writer's queue watch.
+#[derive(Default)]
+struct Pace {
+    /// Signalled whenever the writer takes a batch out of the queue.
+    drained: tokio::sync::Notify,
+    /// The writer's last write failed or timed out: waiting would only slow
+    /// delivery down.
+    store_down: std::sync::atomic::AtomicBool,
+}
+
 /// How often live broadcast counts reach the store.
 const FLUSH: Duration = Duration::from_millis(200);
 
 impl Tracer {
-    /// Starts the writer task (it ends when the tracer is dropped). Each
-    /// batch gets `deadline`: a store that hangs loses that batch, not the
-    /// writer.
+    /// Starts the writer on a thread of its own (it ends when the tracer is
+    /// dropped). Each batch gets `deadline`: a store that hangs loses that
+    /// batch, not the writer.
     pub fn new(
         store: Arc<dyn TraceStore>,
         node: Arc<str>,
@@ -81,18 +96,35 @@ impl Tracer {
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let live = Live::default();
-        tokio::spawn(write(
+        let pace = Arc::new(Pace::default());
+        // A thread of its own: as a task, the writer waited its turn behind
+        // every ready connection task, and a flood that kept the async
+        // workers busy filled its queue (Redis lost events so; the memory
+        // store applies unicast events in place). The OS schedules a thread
+        // beside the workers, and on it the writer's Redis I/O is its own.
+        let job = write(
             store.clone(),
             node,
             rx,
             deadline,
             live.clone(),
             callbacks.clone(),
-        ));
+            pace.clone(),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the trace writer's runtime starts");
+        std::thread::Builder::new()
+            .name("mpush-traces".into())
+            .spawn(move || rt.block_on(job))
+            .expect("the trace writer's thread starts");
         Self {
             store,
             tx,
             dropped: AtomicU64::new(0),
+            pace,
+            deadline,
             live,
             callbacks,
         }
@@ -101,6 +133,45 @@ impl Tracer {
     /// Events waiting for the writer.
     pub fn queued(&self) -> usize {
         QUEUE - self.tx.capacity()
+    }
+
+    /// Events refused because the writer's queue was full (also counted as
+    /// `mpush_trace_events_dropped_total`).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Backpressure from the trace store: while the writer's queue is over
+    /// half full, waits for it to drain (up to the store's deadline), so a
+    /// flood of pushes goes at the pace the store takes their events instead
+    /// of overflowing the queue. Past the deadline the push goes on: delivery
+    /// never waits longer on tracing (what the queue then refuses is
+    /// counted). A store whose last write failed is not waited for at all:
+    /// delivery does not slow down for a trace store that is down.
+    pub async fn room(&self) {
+        if self.has_room() {
+            return;
+        }
+        metrics::counter!("mpush_trace_backpressure_waits_total").increment(1);
+        let waited = tokio::time::timeout(self.deadline, async {
+            loop {
+                // Registered before the check: a batch applied in between
+                // still wakes it.
+                let drained = self.pace.drained.notified();
+                if self.has_room() {
+                    return;
+                }
+                drained.await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            metrics::counter!("mpush_trace_backpressure_timeouts_total").increment(1);
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.queued() <= QUEUE / 2 || self.pace.store_down.load(Ordering::Relaxed)
     }
 
     /// The delivery callbacks this node watches.
@@ -238,13 +309,19 @@ impl Tracer {
 }
 
 async fn write(
-    store: Arc<dyn TraceStore>,
+    shared: Arc<dyn TraceStore>,
     node: Arc<str>,
     mut rx: mpsc::Receiver<Item>,
     deadline: Duration,
     live: Live,
     callbacks: Arc<Callbacks>,
+    pace: Arc<Pace>,
 ) {
+    // The store on connections of this thread's own (Redis), opened when
+    // the first batch needs it and again after a failure (at most once a
+    // second; meanwhile batches are lost and counted, as when Redis is down).
+    let mut own: Option<Arc<dyn TraceStore>> = None;
+    let mut opened_at: Option<tokio::time::Instant> = None;
     let mut ticks: u32 = 0;
     let mut tick = tokio::time::interval(FLUSH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -265,6 +342,10 @@ async fn write(
             }
         }
         let mut events = Vec::new();
+        if !buf.is_empty() {
+            // Their room in the queue is free again.
+            pace.drained.notify_waiters();
+        }
         for item in buf.drain(..) {
             match item {
                 Item::BroadcastFailure(e) => {
@@ -294,21 +375,69 @@ async fn write(
                 }
             }
         }
+        if events.is_empty() && counts.is_empty() {
+            continue;
+        }
+        let store = match &own {
+            Some(s) => s.clone(),
+            None if opened_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) => {
+                lost(events.len() + counts.len(), "trace store not reachable");
+                pace.store_down.store(true, Ordering::Relaxed);
+                continue;
+            }
+            None => {
+                opened_at = Some(tokio::time::Instant::now());
+                match tokio::time::timeout(deadline, shared.reopen()).await {
+                    Ok(Ok(Some(s))) => {
+                        own = Some(s.clone());
+                        s
+                    }
+                    Ok(Ok(None)) => {
+                        own = Some(shared.clone());
+                        shared.clone()
+                    }
+                    Ok(Err(e)) => {
+                        lost(events.len() + counts.len(), &e.to_string());
+                        pace.store_down.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(_) => {
+                        lost(events.len() + counts.len(), "trace store timed out");
+                        pace.store_down.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                }
+            }
+        };
+        let mut ok = true;
         if !events.is_empty() {
             match tokio::time::timeout(deadline, store.record(&events)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => lost(events.len(), &e.to_string()),
-                Err(_) => lost(events.len(), "trace store timed out"),
+                Ok(Err(e)) => {
+                    ok = false;
+                    lost(events.len(), &e.to_string());
+                }
+                Err(_) => {
+                    ok = false;
+                    lost(events.len(), "trace store timed out");
+                }
             }
         }
         if !counts.is_empty() {
             let counts: Vec<TraceCounts> = counts.into_values().collect();
             match tokio::time::timeout(deadline, store.count(&counts)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => lost(counts.len(), &e.to_string()),
-                Err(_) => lost(counts.len(), "trace store timed out"),
+                Ok(Err(e)) => {
+                    ok = false;
+                    lost(counts.len(), &e.to_string());
+                }
+                Err(_) => {
+                    ok = false;
+                    lost(counts.len(), "trace store timed out");
+                }
             }
         }
+        pace.store_down.store(!ok, Ordering::Relaxed);
         if buf.capacity() > BATCH {
             buf = Vec::with_capacity(BATCH);
         }
@@ -390,6 +519,78 @@ mod tests {
     use super::*;
     use crate::store::MemoryTraces;
 
+    fn callbacks() -> Arc<Callbacks> {
+        let sinks = Arc::new(crate::sink::Sinks::start(
+            &crate::config::Sinks::default(),
+            None,
+        ));
+        Arc::new(Callbacks::new(
+            sinks,
+            "n".into(),
+            1_000,
+            Duration::from_secs(60),
+        ))
+    }
+
+    /// A trace store that takes traces but never answers a write.
+    struct Hanging;
+
+    #[async_trait::async_trait]
+    impl TraceStore for Hanging {
+        async fn create(&self, _: &str, _: i64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn record(&self, _: &[TraceEvent]) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn count(&self, _: &[TraceCounts]) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn get(&self, _: &str) -> Result<Option<TraceView>, StoreError> {
+            Ok(None)
+        }
+    }
+
+    /// Backpressure never holds a push longer than the store's deadline,
+    /// and not at all once the store's writes fail: a store that hangs
+    /// costs the pushes waiting when it began one deadline, and no more.
+    #[tokio::test]
+    async fn waiting_for_room_ends_at_the_deadline_when_the_store_hangs() {
+        let deadline = Duration::from_millis(300);
+        let tracer = Tracer::new(Arc::new(Hanging), "n".into(), deadline, callbacks());
+        let trace: Arc<str> = "t".into();
+        let device: Arc<str> = "d".into();
+        // Below half: no wait at all.
+        let t0 = std::time::Instant::now();
+        tracer.room().await;
+        assert!(t0.elapsed() < deadline / 2, "{:?}", t0.elapsed());
+        let users: Vec<Arc<str>> = (0..QUEUE).map(|u| format!("u{u}").into()).collect();
+        for u in &users {
+            tracer.record(
+                &trace,
+                u,
+                &device,
+                ClientType::Mobile,
+                TraceState::Dispatched,
+                None,
+            );
+        }
+        assert!(tracer.queued() > QUEUE / 2, "{}", tracer.queued());
+        let t0 = std::time::Instant::now();
+        tracer.room().await;
+        let waited = t0.elapsed();
+        // Until the writer's write timed out (it began a little earlier).
+        assert!(
+            waited >= deadline / 2 && waited < deadline * 4,
+            "waited {waited:?} for a deadline of {deadline:?}"
+        );
+        // The store is down now: pushes no longer wait for it.
+        assert!(tracer.queued() > QUEUE / 2, "{}", tracer.queued());
+        let t0 = std::time::Instant::now();
+        tracer.room().await;
+        assert!(t0.elapsed() < deadline / 2, "{:?}", t0.elapsed());
+    }
+
     /// With the memory store, a flood of unicast events larger than the
     /// writer's queue, recorded before the writer task could run once,
     /// loses none: each is applied in place. (Through the queue, the
@@ -398,17 +599,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_flood_of_unicast_events_larger_than_the_queue_loses_none() {
         let store = Arc::new(MemoryTraces::new(3600, 1_000, 1 << 30));
-        let sinks = Arc::new(crate::sink::Sinks::start(
-            &crate::config::Sinks::default(),
-            None,
-        ));
-        let callbacks = Arc::new(Callbacks::new(
-            sinks,
-            "n".into(),
-            1_000,
-            Duration::from_secs(60),
-        ));
-        let tracer = Tracer::new(store, "n".into(), Duration::from_secs(1), callbacks);
+        let tracer = Tracer::new(store, "n".into(), Duration::from_secs(1), callbacks());
         let trace = tracer.start(None).await.expect("trace");
         let users = QUEUE + 1_000;
         let ids: Vec<Arc<str>> = (0..users).map(|u| format!("u{u}").into()).collect();

@@ -280,6 +280,13 @@ pub trait TraceStore: Send + Sync + 'static {
         let _ = event;
         false
     }
+    /// This store on connections of its own, opened on the calling
+    /// runtime, for the node's trace writer (which runs on a thread of its
+    /// own, so a flood that keeps the async workers busy cannot starve it):
+    /// `None` when the store has no connections (memory).
+    async fn reopen(&self) -> Result<Option<Arc<dyn TraceStore>>, StoreError> {
+        Ok(None)
+    }
     /// Adds a node's counts to broadcasts' traces.
     async fn count(&self, counts: &[TraceCounts]) -> Result<(), StoreError>;
     /// A cluster broadcast reached `nodes` nodes (what PUBLISH answered): it

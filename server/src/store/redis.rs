@@ -616,6 +616,19 @@ impl TraceStore for RedisTraces {
         results.into_iter().collect()
     }
 
+    async fn reopen(&self) -> Result<Option<Arc<dyn TraceStore>>, StoreError> {
+        let redis = self
+            .redis
+            .reopen()
+            .await
+            .map_err(|e| StoreError::new("traces", e))?;
+        Ok(Some(Arc::new(Self {
+            redis,
+            ttl_secs: self.ttl_secs,
+            max_bytes: self.max_bytes,
+        })))
+    }
+
     async fn expect_nodes(&self, trace_id: &str, nodes: u64) -> Result<(), StoreError> {
         let key = format!("mp:trace:{trace_id}");
         let mut c = self.redis.conn();

@@ -242,6 +242,7 @@ impl DeliveryService {
         users: &[Arc<str>],
     ) -> Vec<UserOutcome> {
         self.push_limiter.acquire(users.len()).await;
+        self.tracer.room().await;
         let routes = self.router.resolve_many(users, spec.client_type).await;
         let now = unix_ms();
         // An ACK-mode copy stays until a device acknowledges it; it follows
