@@ -769,6 +769,10 @@ fn restore_asked(p: &Pair) -> usize {
 fn a_kept_binding_comes_back_with_the_fast_connect_and_no_bind() {
     let mut p = keeping_pair(30, true, true);
     assert!(p.server.kept_session().is_some());
+    // The client can tell the server honours the bit (the kit's live case
+    // tells a server that does not offer it so).
+    let echoed = p.client.server_features() & mpush_protocol::message::v2::FEATURE_KEEP_BINDING;
+    assert_ne!(echoed, 0, "{:#x}", p.client.server_features());
     bind(&mut p, "alice");
     // Twice: the binding travels with each single-use ticket's rotation.
     for round in 0..2 {
@@ -844,6 +848,11 @@ fn without_the_bit_on_either_side_a_resume_is_as_before() {
     for (server_keeps, client_keeps) in [(false, true), (true, false), (false, false)] {
         let mut p = keeping_pair(33, server_keeps, client_keeps);
         assert_eq!(p.server.kept_session(), None);
+        assert_eq!(
+            p.client.server_features() & mpush_protocol::message::v2::FEATURE_KEEP_BINDING,
+            0,
+            "not echoed unless both keep"
+        );
         bind(&mut p, "alice");
         assert!(p.sessions.values().all(|s| s.binding.is_none()));
         resume(&mut p);

@@ -171,6 +171,9 @@ impl ClientConnection {
                 .capabilities
                 .as_ref()
                 .is_some_and(|c| c.profile >= v2::PROFILE);
+        if v2 {
+            self.server_features = ok.capabilities.as_ref().map_or(0, |c| c.features);
+        }
         let (cipher, secret, profile) = if v2 {
             let (traffic, resume_key) = v2_session_keys(&client_key.0, &server_key, &iv);
             (
@@ -229,6 +232,7 @@ impl ClientConnection {
             .as_slice()
             .try_into()
             .map_err(|_| DecodeError::BadLength { field: "serverKey" })?;
+        self.server_features = ok.capabilities.as_ref().map_or(0, |c| c.features);
         let ticket = (!ok.session_id.is_empty()).then(|| ResumeTicket {
             session_id: ok.session_id.clone(),
             expire_at_ms: ok.expire_time,

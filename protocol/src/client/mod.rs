@@ -104,6 +104,9 @@ pub struct ClientConnection {
     /// ADR 0008: the fast connect's answer said the server bound this
     /// connection again to the session's user.
     binding_kept: bool,
+    /// The `features` bits the server echoed in HANDSHAKE_OK (0 on the
+    /// legacy profile, and before a handshake completed).
+    server_features: u32,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -147,6 +150,7 @@ impl ClientConnection {
             dedup,
             legacy_dedup: DedupWindow::new(256),
             binding_kept: false,
+            server_features: 0,
         };
         // A ticket resumes only into its own profile (a transport session
         // only over a secure transport, a classic one only outside it).
@@ -199,6 +203,14 @@ impl ClientConnection {
     /// or no user binds or unbinds as usual.
     pub fn binding_kept(&self) -> bool {
         self.binding_kept
+    }
+
+    /// The `Capabilities.features` bits the server echoed in this session's
+    /// HANDSHAKE_OK (`v2::FEATURE_*`): what it honours. 0 on the legacy
+    /// profile; a resumed connection has no HANDSHAKE_OK, so 0 there too
+    /// (its `binding_kept` says what ADR 0008 needs).
+    pub fn server_features(&self) -> u32 {
+        self.server_features
     }
 
     /// The dedup window, to hand to the next connection.
