@@ -81,6 +81,21 @@ pub const CASES: &[Case] = &[
         "mpush-wire 5.5",
         "a session past its expiry is refused",
     ),
+    (
+        "fast_connect.kept_binding",
+        "ADR 0008",
+        "a session that negotiated KEEP_BINDING resumes bound (ResumeAccept.bound): a push arrives with no BIND, twice over the ticket's rotation",
+    ),
+    (
+        "fast_connect.kept_binding_unbound",
+        "ADR 0008",
+        "after UNBIND the next resume is not bound, and the user is offline",
+    ),
+    (
+        "fast_connect.kept_binding_kicked",
+        "ADR 0008",
+        "a device kicked by a newer login resumes unbound, and the newer one keeps the user",
+    ),
     ("bind.ok", "mpush-wire 6.4", "BIND answers OK(5)"),
     (
         "bind.duplicate_login_kick",
@@ -232,6 +247,9 @@ impl ServerKit {
             "fast_connect.unknown_session" => self.resume_unknown().await,
             "fast_connect.replayed" => self.resume_replayed().await,
             "fast_connect.expired" => self.resume_expired().await,
+            "fast_connect.kept_binding" => self.kept_binding().await,
+            "fast_connect.kept_binding_unbound" => self.kept_binding_unbound().await,
+            "fast_connect.kept_binding_kicked" => self.kept_binding_kicked().await,
             "bind.ok" => self.bind_ok().await,
             "bind.duplicate_login_kick" => self.kick().await,
             "bind.unbind" => self.unbind().await,
@@ -468,6 +486,171 @@ impl ServerKit {
         // as a clock-skewed client would.
         t.expire_at_ms = crate::conn::unix_ms() + 86_400_000;
         self.refused_resume(dev, t, &[103]).await
+    }
+
+    /// ADR 0008: a v2 connection that asked to keep its binding, bound to
+    /// `user`, with its ticket; `Err(NotOffered)` when the server does not
+    /// echo the bit.
+    async fn keeping(
+        &self,
+        device: DeviceInfo,
+        user: &str,
+    ) -> Result<Result<(Conn, ResumeTicket), Outcome>, String> {
+        let (mut c, e) = self.connect(device, true, None).await?;
+        let ClientEvent::Connected {
+            profile, ticket, ..
+        } = e
+        else {
+            return Err(format!("not connected: {e:?}"));
+        };
+        if profile != Profile::V2 {
+            return Ok(Err(Outcome::NotOffered("v2 not offered".into())));
+        }
+        if c.machine.server_features() & mpush_protocol::message::v2::FEATURE_KEEP_BINDING == 0 {
+            return Ok(Err(Outcome::NotOffered(
+                "the server does not echo KEEP_BINDING (it is optional)".into(),
+            )));
+        }
+        let ticket = ticket.ok_or("no ticket from the handshake")?;
+        c.machine
+            .bind(user, "", "", mpush_protocol::Instant::now())
+            .map_err(|e| e.to_string())?;
+        c.flush().await;
+        match c
+            .event(WAIT, |e| {
+                matches!(e, ClientEvent::BindOk { .. } | ClientEvent::Closed { .. })
+            })
+            .await
+        {
+            Some(ClientEvent::BindOk { .. }) => Ok(Ok((c, ticket))),
+            other => Err(format!("BIND was not answered OK: {other:?}")),
+        }
+    }
+
+    /// A fast connect with `ticket` that resumes: the connection and the
+    /// next ticket.
+    async fn resumed(
+        &self,
+        device: DeviceInfo,
+        ticket: ResumeTicket,
+    ) -> Result<(Conn, ResumeTicket), String> {
+        let (c, e) = self.connect(device, true, Some(ticket)).await?;
+        match e {
+            ClientEvent::Connected {
+                resumed: true,
+                ticket: Some(next),
+                ..
+            } => Ok((c, next)),
+            other => Err(format!("the fast connect did not resume: {other:?}")),
+        }
+    }
+
+    async fn kept_binding(&self) -> CaseOutcome {
+        let dev = self.device("kept", 0);
+        let user = self.user("kept");
+        let (c, mut ticket) = match self.keeping(dev.clone(), &user).await? {
+            Ok(v) => v,
+            Err(outcome) => return Ok(outcome),
+        };
+        drop(c);
+        // Twice: the binding travels with each single-use ticket's rotation.
+        for round in 0..2 {
+            let (mut c, next) = self.resumed(dev.clone(), ticket).await?;
+            if !c.machine.binding_kept() {
+                return Err(format!(
+                    "resume {round}: ResumeAccept.bound was not set, although the session negotiated KEEP_BINDING and was bound"
+                ));
+            }
+            let text = format!("kept binding {round}");
+            let (pushed, _) = self
+                .push_to(&mut c, &user, &text, AckMode::None, WAIT)
+                .await
+                .map_err(|e| format!("resume {round}, no BIND sent: {e}"))?;
+            if !matches!(pushed, Pushed::Delivered(_)) {
+                return Err(format!("resume {round}: the trigger said {pushed:?}"));
+            }
+            ticket = next;
+        }
+        pass()
+    }
+
+    async fn kept_binding_unbound(&self) -> CaseOutcome {
+        let dev = self.device("keptunbind", 0);
+        let user = self.user("keptunbind");
+        let (mut c, ticket) = match self.keeping(dev.clone(), &user).await? {
+            Ok(v) => v,
+            Err(outcome) => return Ok(outcome),
+        };
+        c.machine
+            .unbind(&user, mpush_protocol::Instant::now())
+            .map_err(|e| e.to_string())?;
+        c.flush().await;
+        if c.frame(
+            WAIT,
+            |s| matches!(s, Seen::Packet { cmd, .. } if *cmd == Command::OK),
+        )
+        .await
+        .is_none()
+        {
+            return Err("UNBIND was not answered OK(6)".into());
+        }
+        drop(c);
+        let (c, _) = self.resumed(dev, ticket).await?;
+        if c.machine.binding_kept() {
+            return Err("a session unbound before it was resumed came back bound".into());
+        }
+        match self
+            .trigger
+            .push(&user, "after unbind", AckMode::None, WAIT, 1)
+            .await
+        {
+            Pushed::Offline => pass(),
+            other => Err(format!(
+                "a push after UNBIND and a resume: {other:?}, not offline"
+            )),
+        }
+    }
+
+    async fn kept_binding_kicked(&self) -> CaseOutcome {
+        let user = self.user("keptkick");
+        let (old, newer) = (self.device("keptkick", 0), self.device("keptkick", 1));
+        let (mut first, ticket) = match self.keeping(old.clone(), &user).await? {
+            Ok(v) => v,
+            Err(outcome) => return Ok(outcome),
+        };
+        let (mut second, _) = match self.keeping(newer, &user).await? {
+            Ok(v) => v,
+            Err(outcome) => return Ok(outcome),
+        };
+        if first
+            .event(WAIT, |e| matches!(e, ClientEvent::Kicked { .. }))
+            .await
+            .is_none()
+        {
+            return Err("the first device got no KICK".into());
+        }
+        drop(first);
+        // The kicked device comes back with its ticket: it may resume (or be
+        // refused and handshake), but not as the user (no ping-pong between
+        // the two devices).
+        let (again, _) = self.connect(old, true, Some(ticket)).await?;
+        if again.machine.binding_kept() {
+            return Err("a device kicked by a newer login came back bound to the user".into());
+        }
+        let (pushed, _) = self
+            .push_to(
+                &mut second,
+                &user,
+                "to the newer device",
+                AckMode::None,
+                WAIT,
+            )
+            .await
+            .map_err(|e| format!("the newer device after the old one resumed: {e}"))?;
+        match pushed {
+            Pushed::Delivered(_) => pass(),
+            other => Err(format!("the trigger said {other:?}")),
+        }
     }
 
     async fn bind_ok(&self) -> CaseOutcome {

@@ -179,3 +179,40 @@ async fn a_broken_client_fails_the_cases_it_should() {
     save(&report, "broken-client");
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// A server that does not keep bindings (ADR 0008 is optional) does not
+/// echo the bit: its kept-binding cases are "not offered", never failed,
+/// and the rest of the fast-connect cases still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_kept_bindings_is_not_offered_those_cases() {
+    let mut s = Settings::default();
+    s.net.tcp = "127.0.0.1:0".into();
+    s.net.ws = "127.0.0.1:0".into();
+    s.net.http = "127.0.0.1:0".into();
+    s.limits.keep_binding = Some(false);
+    let s = mpush_server::start(s.validate().expect("valid"))
+        .await
+        .expect("starts");
+    let k = kit(
+        Target::Tcp(s.tcp.to_string()),
+        format!("http://{}", s.http),
+        "nk",
+    );
+    let results = k
+        .run(&[
+            "fast_connect.resume".into(),
+            "fast_connect.kept_binding".into(),
+        ])
+        .await;
+    let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    for r in &results {
+        let kept = r.id.contains("kept_binding");
+        match (&r.outcome, kept) {
+            (Outcome::NotOffered(why), true) => assert!(why.contains("KEEP_BINDING"), "{why}"),
+            (Outcome::Passed, false) => {}
+            (o, _) => panic!("{}: {o:?}", r.id),
+        }
+    }
+    s.shutdown().await;
+}
