@@ -109,7 +109,9 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
         .await;
     assert_eq!(r["dispatched"], 1, "{r}");
 
-    // Broadcast from C reaches the vip users on A and B... (bea moved: ada only + cal not vip)
+    // A broadcast from C reaches every bound connection: the phone on B
+    // was replaced by bea's newer login, so it is connected but no longer
+    // bea's (as on one node, and in mpush) and gets no broadcast.
     let (st, everyone) = api_c
         .post(
             "/api/v1/broadcast",
@@ -119,10 +121,14 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
     assert_eq!(st, 202);
     on_a.message("everyone").await;
     on_c.message("everyone").await;
-    on_b.message("everyone").await;
+    on_b.settle(Duration::from_millis(300)).await;
+    assert!(
+        !on_b.messages().contains(&"everyone".to_owned()),
+        "the replaced phone got the broadcast"
+    );
     // Its trace: the three nodes it reached each reported, and it matched
-    // every connection (four: C holds two by now); finished once the copies
-    // are settled. A broadcast that
+    // every bound connection (three: ada on A, cal and bea's newer phone on
+    // C); finished once the copies are settled. A broadcast that
     // matched nobody is finished at once, with matched 0 on every node.
     let (st, nobody) = api_a
         .post(
@@ -131,7 +137,7 @@ async fn push_kick_broadcast_and_topics_cross_nodes() {
         )
         .await;
     assert_eq!(st, 202);
-    for (r, matched) in [(&everyone, 4), (&nobody, 0)] {
+    for (r, matched) in [(&everyone, 3), (&nobody, 0)] {
         let path = format!("/api/v1/traces/{}", r["traceId"].as_str().unwrap_or(""));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let t = loop {
@@ -1719,4 +1725,140 @@ async fn a_kept_binding_resumes_on_another_node_without_a_bind() {
     assert!(!online(&api).await, "nothing restored after an unbind");
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A new login on node C races an API kick of the same user sent to node
+/// B, while the user's older device is on node A. Whichever wins, once both
+/// have answered the cluster tells the truth, with no timer to repair it
+/// (the route refresh is 1 s here; the checks run before it):
+/// - the device on A is kicked (by the kick, or by the newer login);
+/// - the device on C was either kicked too (the API kick found its route)
+///   or is the user's one device: a push through A then reaches it, and
+///   node B lists exactly it; otherwise the user is offline (404) and
+///   listed with no device.
+///
+/// Rounds vary which side starts first by a few hundred µs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_login_racing_an_api_kick_on_other_nodes_leaves_true_routes() {
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let (api_a, api_b) = (Api::new(&n[0]), Api::new(&n[1]));
+    let mut outcomes = [0usize; 2];
+    for round in 0..16u64 {
+        let user = format!("racer-{round}");
+        let mut old = on(&n[0], &user, &format!("old-{round}"), "android", "").await;
+        let new_dev = common::device(&format!("new-{round}"), "android");
+        let lead = Duration::from_micros((round % 4) * 300);
+        let kick = async {
+            if round % 2 == 0 {
+                tokio::time::sleep(lead).await;
+            }
+            api_b
+                .post(&format!("/api/v1/users/{user}/kick"), json!({}))
+                .await
+        };
+        let login = async {
+            if round % 2 == 1 {
+                tokio::time::sleep(lead).await;
+            }
+            bound(&n[2], Via::Tcp, true, new_dev.clone(), &user, "").await
+        };
+        let ((st, kicked), mut new) = tokio::join!(kick, login);
+        // The kick found at least the old device (or, late, the new one).
+        assert_eq!(st, 200, "round {round}: {kicked}");
+        assert!(
+            kicked["kicked"].as_u64() >= Some(1),
+            "round {round}: {kicked}"
+        );
+        old.wait_for("the old device kicked", |e| {
+            matches!(e, ClientEvent::Kicked { .. })
+        })
+        .await;
+        new.settle(Duration::from_millis(300)).await;
+        let new_kicked = new
+            .seen
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Kicked { .. }));
+        outcomes[usize::from(new_kicked)] += 1;
+        let text = format!("after round {round}");
+        let (st, r) = api_a
+            .post("/api/v1/push", json!({"userId": user, "content": text}))
+            .await;
+        let (_, listed) = api_b.get(&format!("/api/v1/users/{user}")).await;
+        let devices: Vec<&str> = listed["devices"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|d| d["deviceId"].as_str()).collect())
+            .unwrap_or_default();
+        if new_kicked {
+            assert_eq!(st, 404, "round {round}: the user has no connection: {r}");
+            assert!(devices.is_empty(), "round {round}: {listed}");
+        } else {
+            assert_eq!(
+                (st, &r["dispatched"]),
+                (200, &json!(1)),
+                "round {round}: {r}"
+            );
+            new.message(&text).await;
+            assert_eq!(devices, [format!("new-{round}")], "round {round}: {listed}");
+        }
+        assert!(
+            old.messages().iter().all(|m| m != &text),
+            "round {round}: the kicked device got the push"
+        );
+    }
+    // Both orders happened (the lead alternates which side starts first).
+    eprintln!(
+        "new login kicked in {} rounds of 16, kept in {}",
+        outcomes[1], outcomes[0]
+    );
+}
+
+/// A device replaced by a newer login on another node stays connected (as
+/// in mpush) but is no longer the user's: a push through its own node goes
+/// to the newer device, and once that one leaves, the old node's route
+/// refreshes do not bring the replaced device back.
+#[tokio::test]
+async fn a_device_replaced_from_another_node_gets_nothing_more_and_is_not_refreshed_back() {
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let (api_a, api_b) = (Api::new(&n[0]), Api::new(&n[1]));
+    let mut old = on(&n[0], "rita", "rita-old", "android", "").await;
+    let mut new = on(&n[2], "rita", "rita-new", "android", "").await;
+    old.wait_for("the old device kicked", |e| {
+        matches!(e, ClientEvent::Kicked { .. })
+    })
+    .await;
+    // Through the node that holds the replaced connection.
+    let (st, r) = api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "rita", "content": "to the new one"}),
+        )
+        .await;
+    assert_eq!((st, &r["dispatched"]), (200, &json!(1)), "{r}");
+    new.message("to the new one").await;
+    let (_, listed) = api_a.get("/api/v1/users/rita").await;
+    assert_eq!(
+        listed["devices"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(listed["devices"][0]["deviceId"], "rita-new", "{listed}");
+    // The newer device leaves; three route refreshes (1 s here) later the
+    // user is still offline everywhere.
+    new.close();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let (st, r) = api_b
+        .post(
+            "/api/v1/push",
+            json!({"userId": "rita", "content": "to nobody"}),
+        )
+        .await;
+    assert_eq!(st, 404, "{r}");
+    old.settle(Duration::from_millis(200)).await;
+    assert!(
+        old.messages().is_empty(),
+        "the replaced device got {:?}",
+        old.messages()
+    );
 }

@@ -308,7 +308,8 @@ async fn requests_in_flight_are_bounded_per_connection_and_per_user() {
     s.http_proxy.max_read_timeout_ms = 1500;
     let server = start(s).await;
     let mut one = bound(&server, Via::Tcp, true, device("d-1", "android"), "sam", "").await;
-    let mut two = bound(&server, Via::Tcp, true, device("d-2", "ios"), "sam", "").await;
+    // Another client type: a second phone would replace the first (a kick).
+    let mut two = bound(&server, Via::Tcp, true, device("d-2", "windows"), "sam", "").await;
     let slow = || mpush_request(HttpMethod::Get, "http://mpush.com/slow", b"");
     // Connection one: two slow ones in flight, the third is refused at once.
     for _ in 0..3 {

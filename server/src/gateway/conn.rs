@@ -252,8 +252,13 @@ impl<T: Transport, L: Logic> Driver<T, L> {
             ConnCommand::Kicked(k) => {
                 if let (Some(info), Some(user)) = (&self.info, &self.user)
                     && *k.device_id == *info.device_id
+                    && **user == *k.user_id
                 {
                     self.gw.logic.lifecycle(Lifecycle::Kicked, user, info, None);
+                    // Another device took the user: this connection stays
+                    // open (as in mpush) but is no longer the user's. The
+                    // route table no longer names it (the kick took it out).
+                    self.user = None;
                 }
                 self.machine.kick(&k.device_id, &k.user_id);
             }

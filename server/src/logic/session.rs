@@ -282,6 +282,11 @@ impl Sessions {
             {
                 continue;
             }
+            // Out of this node's table now, not when the connection gets to
+            // the command: a push meanwhile would still reach the kicked
+            // device, and a route refresh would write its row back over the
+            // newer login's row once that one is gone.
+            self.router.local().unbind(&k.user_id, h.info.id);
             let cmd = if k.close {
                 ConnCommand::KickAndClose
             } else {
