@@ -356,6 +356,18 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Pushes that went on after waiting the trace store's deadline for room",
     ),
     (
+        "mpush_sink_backpressure_waits_total",
+        Counter,
+        Unit::Count,
+        "Pushes with callbacks that waited for a callback queue to drain below half",
+    ),
+    (
+        "mpush_sink_backpressure_timeouts_total",
+        Counter,
+        Unit::Count,
+        "Pushes with callbacks that went on after waiting sinks.accept_timeout_ms for room",
+    ),
+    (
         "mpush_trace_events_lost_total",
         Counter,
         Unit::Count,

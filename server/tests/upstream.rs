@@ -42,6 +42,8 @@ struct RxState {
     bad_signatures: AtomicUsize,
     fail_next: AtomicUsize,
     failing: AtomicBool,
+    /// Each POST takes this long to answer (a slow backend).
+    delay_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Receiver {
@@ -68,7 +70,13 @@ impl Receiver {
             "/hook",
             axum::routing::post(move |h: HeaderMap, body: Bytes| {
                 let st = st.clone();
-                async move { st.take(&h, &body) }
+                async move {
+                    let delay = st.delay_ms.load(Ordering::Relaxed);
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    st.take(&h, &body)
+                }
             }),
         );
         self.task = Some(tokio::spawn(async move {
@@ -815,5 +823,56 @@ async fn watched_callbacks_are_bounded() {
             .contains("callbacks"),
         "{r}"
     );
+    server.shutdown().await;
+}
+
+/// Backpressure for delivery callbacks: pushes with callbacks come much
+/// faster than a slow backend takes them (10 events a POST, one POST at a
+/// time, 20 ms each: 500 a second) into a queue of 100. Each push waits for
+/// room instead, so every callback arrives and none is dropped; without the
+/// wait the queue overflowed and most were dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_pushes_with_callbacks_waits_for_a_slow_backend_and_loses_none() {
+    use futures_util::StreamExt;
+    let rx = Receiver::start().await;
+    rx.state.delay_ms.store(20, Ordering::Relaxed);
+    let mut s = with_webhook(&rx, &[SinkEvent::Callback], WebhookMode::Async);
+    s.sinks.webhooks[0].queue = 100;
+    s.sinks.webhooks[0].batch = 10;
+    s.sinks.webhooks[0].concurrency = 1;
+    let server = start(s).await;
+    let api = Api::new(&server);
+    const PUSHES: usize = 1_000;
+    let started = std::time::Instant::now();
+    let answers: Vec<u16> = futures_util::stream::iter(0..PUSHES)
+        .map(|i| {
+            let api = &api;
+            async move {
+                let body = json!({"userId": format!("away-{i}"), "content": "x", "callback": true});
+                api.post("/api/v1/push", body).await.0
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    // Offline users: each push answers 404 and reports OFFLINE.
+    assert!(answers.iter().all(|s| *s == 404), "{answers:?}");
+    let (_, metrics) = api.text(reqwest::Method::GET, "/metrics", None).await;
+    let dropped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("mpush_sink_events_dropped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(dropped, 0.0, "callbacks dropped in {took:?}:\n{metrics}");
+    let got = rx.wait("delivery", PUSHES).await;
+    assert_eq!(got.len(), PUSHES);
+    assert!(
+        got.iter().all(|e| e["state"] == "OFFLINE"),
+        "{:?}",
+        got.first()
+    );
+    // The pushes went at the backend's pace (about 500 a second).
+    assert!(took > Duration::from_millis(1_000), "{took:?}");
     server.shutdown().await;
 }

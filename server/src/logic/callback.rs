@@ -126,6 +126,15 @@ impl Callbacks {
         }
     }
 
+    /// Waits (bounded) while the queue that takes `target`'s callbacks is
+    /// over half full: see `Sinks::callback_room`.
+    pub async fn room(&self, target: &CallbackTarget) {
+        match target {
+            CallbackTarget::Sinks => self.sinks.callback_room(None).await,
+            CallbackTarget::Url(u) => self.sinks.callback_room(Some(u)).await,
+        }
+    }
+
     /// Watches `trace_id` on this node.
     pub fn watch(
         &self,

@@ -387,8 +387,12 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
 #[async_trait]
 impl Delivery for Hub {
     async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32> {
-        // The sending node waits with this one for the trace writer.
+        // The sending node waits with this one for the trace writer, and
+        // for the callbacks' queue when the push has callbacks.
         self.delivery.tracer.room().await;
+        if let Some(t) = callback::CallbackTarget::from_wire(&batch.callback) {
+            self.delivery.tracer.callbacks().room(&t).await;
+        }
         self.delivery.deliver_forwarded(batch)
     }
 

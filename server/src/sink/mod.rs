@@ -7,7 +7,10 @@
 //! An event is accepted by a sink when it is in its queue (an asynchronous
 //! webhook) or once it was handed on (a synchronous webhook's 2xx, the
 //! stream's `XADD`). `submit` waits for every sink that takes the event's
-//! kind, within `accept_timeout`; a full queue refuses at once.
+//! kind, within `accept_timeout`; a full queue refuses at once. Delivery
+//! callbacks are not submitted but notified (a full queue drops them,
+//! counted); pushes with callbacks wait for room first (`callback_room`), so
+//! they come no faster than the backend takes their callbacks.
 //!
 //! Imports point down only: `config`, `clock`, `redis_conn`.
 
@@ -71,6 +74,17 @@ struct Queue {
     dropped: AtomicU64,
     /// Events taken by a worker and not yet handed on.
     in_flight: Arc<AtomicUsize>,
+    pace: Arc<Pace>,
+}
+
+/// What producers waiting for room in a queue watch (`Sinks::room`).
+#[derive(Default)]
+struct Pace {
+    /// Signalled whenever a worker takes a batch out of the queue.
+    drained: tokio::sync::Notify,
+    /// A worker's last delivery failed: the far end is down, and waiting
+    /// for it would only slow the pushes.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 struct Worker {
@@ -81,6 +95,7 @@ struct Worker {
     max_backoff: Duration,
     stop: watch::Receiver<()>,
     in_flight: Arc<AtomicUsize>,
+    pace: Arc<Pace>,
 }
 
 impl Queue {
@@ -113,6 +128,7 @@ impl Queue {
         }
         metrics::gauge!("mpush_sink_queue_depth", "sink" => name.to_string()).set(0.0);
         let in_flight = Arc::new(AtomicUsize::new(0));
+        let pace = Arc::new(Pace::default());
         for _ in 0..concurrency {
             tokio::spawn(
                 Worker {
@@ -123,6 +139,7 @@ impl Queue {
                     max_backoff,
                     stop: stop.clone(),
                     in_flight: in_flight.clone(),
+                    pace: pace.clone(),
                 }
                 .run(),
             );
@@ -134,6 +151,25 @@ impl Queue {
             tx,
             dropped: AtomicU64::new(0),
             in_flight,
+            pace,
+        }
+    }
+
+    /// Over half of the queue waits for a worker, and the far end is not
+    /// known to be down.
+    fn behind(&self) -> bool {
+        self.tx.max_capacity() - self.tx.capacity() > self.tx.max_capacity() / 2
+            && !self.pace.failing.load(Ordering::Relaxed)
+    }
+
+    /// Waits while the queue is `behind`, woken as workers take batches.
+    async fn room(&self) {
+        loop {
+            let drained = self.pace.drained.notified();
+            if !self.behind() {
+                return;
+            }
+            drained.await;
         }
     }
 
@@ -190,6 +226,7 @@ impl Worker {
             if n == 0 {
                 return;
             }
+            self.pace.drained.notify_waiters();
             // Events their submitter withdrew (refused to the client) are
             // not handed on.
             buf.retain(|i| {
@@ -207,8 +244,12 @@ impl Worker {
             let mut attempt: u32 = 0;
             loop {
                 match self.far.deliver(&events).await {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        self.pace.failing.store(false, Ordering::Relaxed);
+                        break;
+                    }
                     Err(e) => {
+                        self.pace.failing.store(true, Ordering::Relaxed);
                         attempt += 1;
                         metrics::counter!("mpush_sink_retries_total", "sink" => self.name.to_string())
                             .increment(1);
@@ -344,6 +385,43 @@ impl Sinks {
     /// Some sink takes events of `kind` (callers skip building them otherwise).
     pub fn wants(&self, kind: SinkEvent) -> bool {
         self.queues.iter().any(|q| q.takes(kind))
+    }
+
+    /// Backpressure for delivery callbacks: while a queue that takes them
+    /// (the callback sinks; with `url`, that allow-listed URL's queue) is
+    /// over half full (and its far end is not
+    /// failing), waits for its workers, up to the acceptance timeout
+    /// (`sinks.accept_timeout_ms`). A flood of pushes with callbacks then
+    /// goes at the pace the backend takes their callbacks instead of
+    /// overflowing the queue (its events dropped); past the timeout the push
+    /// goes on, and a full queue counts what it drops.
+    pub async fn callback_room(&self, url: Option<&str>) {
+        let queues: Vec<&Queue> = match url {
+            None => self
+                .queues
+                .iter()
+                .filter(|q| q.takes(SinkEvent::Callback))
+                .collect(),
+            Some(u) => self
+                .callback_urls
+                .iter()
+                .filter(|(url, _)| url == u)
+                .map(|(_, q)| q)
+                .collect(),
+        };
+        if queues.iter().all(|q| !q.behind()) {
+            return;
+        }
+        metrics::counter!("mpush_sink_backpressure_waits_total").increment(1);
+        let waited = tokio::time::timeout(self.accept_timeout, async {
+            for q in queues {
+                q.room().await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            metrics::counter!("mpush_sink_backpressure_timeouts_total").increment(1);
+        }
     }
 
     /// `url` is on the callback allow-list.

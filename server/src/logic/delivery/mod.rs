@@ -242,7 +242,12 @@ impl DeliveryService {
         users: &[Arc<str>],
     ) -> Vec<UserOutcome> {
         self.push_limiter.acquire(users.len()).await;
+        // Backpressure: a flood goes at the pace its traces and callbacks
+        // are taken, each wait bounded.
         self.tracer.room().await;
+        if let Some(t) = &spec.callback {
+            self.tracer.callbacks().room(t).await;
+        }
         let routes = self.router.resolve_many(users, spec.client_type).await;
         let now = unix_ms();
         // An ACK-mode copy stays until a device acknowledges it; it follows
