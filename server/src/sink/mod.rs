@@ -539,4 +539,73 @@ mod tests {
         assert!(backoff(1, max) <= Duration::from_millis(100));
         assert!(backoff(30, max) >= Duration::from_secs(15));
     }
+
+    /// A far end that never answers, or always fails.
+    struct Far(bool);
+
+    #[async_trait]
+    impl Deliver for Far {
+        async fn deliver(&self, _: &[Bytes]) -> Result<(), DeliverError> {
+            if self.0 {
+                return Err(DeliverError::Unreachable {
+                    target: "test".into(),
+                    reason: "down".into(),
+                });
+            }
+            std::future::pending().await
+        }
+    }
+
+    /// One callback sink of 100 events over `far`, 70 of them queued.
+    async fn callback_sink(fails: bool, accept: Duration) -> Sinks {
+        let (stop_tx, stop) = watch::channel(());
+        let q = Queue::start(
+            "cb".into(),
+            vec![SinkEvent::Callback],
+            false,
+            Arc::new(Far(fails)),
+            100,
+            10,
+            1,
+            Duration::from_millis(50),
+            &stop,
+        );
+        for _ in 0..70 {
+            assert!(q.offer(Bytes::from_static(b"{}"), None, None).is_ok());
+        }
+        // The worker takes its first batch (and hangs on it, or fails it).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Sinks {
+            queues: vec![q],
+            callback_urls: Vec::new(),
+            accept_timeout: accept,
+            _stop: stop_tx,
+        }
+    }
+
+    /// A backend that hangs holds a push with callbacks for the acceptance
+    /// timeout at most; one that fails holds it not at all.
+    #[tokio::test]
+    async fn waiting_for_callback_room_is_bounded_and_skipped_while_the_backend_fails() {
+        let accept = Duration::from_millis(300);
+        let hangs = callback_sink(false, accept).await;
+        assert!(hangs.queues[0].behind());
+        let t = std::time::Instant::now();
+        hangs.callback_room(None).await;
+        let waited = t.elapsed();
+        assert!(waited >= accept && waited < accept * 4, "{waited:?}");
+        // A URL no queue serves has nothing to wait for.
+        let t = std::time::Instant::now();
+        hangs.callback_room(Some("http://elsewhere/")).await;
+        assert!(t.elapsed() < accept / 2);
+
+        let fails = callback_sink(true, accept).await;
+        assert!(
+            !fails.queues[0].behind(),
+            "a failing far end is not waited for"
+        );
+        let t = std::time::Instant::now();
+        fails.callback_room(None).await;
+        assert!(t.elapsed() < accept / 2, "{:?}", t.elapsed());
+    }
 }
