@@ -1862,3 +1862,79 @@ async fn a_device_replaced_from_another_node_gets_nothing_more_and_is_not_refres
         old.messages()
     );
 }
+
+/// A node that waits for room in its callback queue before it delivers a
+/// forwarded batch waits a quarter of the forward's timeout at most: the
+/// forwarding node gets its answer in time and reports the push delivered
+/// (a forward that timed out would be reported as not delivered, although
+/// it was). Node B's callback backend hangs, and its queue of 4 is over
+/// half full; the forward's timeout is 500 ms, the wait for room alone up
+/// to `sinks.accept_timeout_ms` (5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forwarded_push_is_answered_in_time_while_the_callback_queue_is_full() {
+    use mpush_server::config::{SinkEvent, Webhook, WebhookMode};
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", hook.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                axum::http::StatusCode::NO_CONTENT
+            }),
+        );
+        let _ = axum::serve(hook, app).await;
+    });
+    let redis = Redis::start(free_port()).await;
+    let mut n = Vec::new();
+    for id in ["A", "B"] {
+        let mut s = node_settings(&redis.url(), id);
+        s.sinks.webhooks = vec![Webhook {
+            url: url.clone(),
+            secret: "callback-secret-0123456789".into(),
+            events: vec![SinkEvent::Callback],
+            mode: WebhookMode::Async,
+            queue: 4,
+            batch: 1,
+            concurrency: 1,
+            timeout_ms: 20_000,
+            ..Webhook::default()
+        }];
+        n.push(start(s).await);
+    }
+    wait_for_nodes(&Api::new(&n[0]), 2).await;
+    let (api_a, api_b) = (Api::new(&n[0]), Api::new(&n[1]));
+    let mut on_b = on(&n[1], "cleo", "cleo-phone", "android", "").await;
+    // Four callbacks on B: its worker hangs on the first, three wait.
+    for i in 0..4 {
+        let (st, r) = api_b
+            .post(
+                "/api/v1/push",
+                json!({"userId": "cleo", "content": format!("local {i}"), "callback": true}),
+            )
+            .await;
+        assert_eq!(st, 200, "{r}");
+        on_b.message(&format!("local {i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = std::time::Instant::now();
+    let (st, r) = api_a
+        .post(
+            "/api/v1/push",
+            json!({"userId": "cleo", "content": "forwarded", "callback": true}),
+        )
+        .await;
+    let took = t.elapsed();
+    assert_eq!(
+        (st, &r["status"]),
+        (200, &json!("sent")),
+        "{r} after {took:?}"
+    );
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    on_b.message("forwarded").await;
+    for node in n {
+        node.shutdown().await;
+    }
+}

@@ -205,7 +205,8 @@ impl Cluster {
         }))
     }
 
-    fn timeout(&self) -> Duration {
+    /// What a node-to-node call (a forward) waits for its answer.
+    pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.cfg.settings.cluster.timeout_ms)
     }
 

@@ -388,11 +388,23 @@ fn protocol_config(cfg: &Validated) -> ServerConfig {
 impl Delivery for Hub {
     async fn deliver_batch(&self, batch: v2::NodePushBatch) -> Vec<u32> {
         // The sending node waits with this one for the trace writer, and
-        // for the callbacks' queue when the push has callbacks.
-        self.delivery.tracer.room().await;
-        if let Some(t) = callback::CallbackTarget::from_wire(&batch.callback) {
-            self.delivery.tracer.callbacks().room(&t).await;
-        }
+        // for the callbacks' queue when the push has callbacks: for a
+        // quarter of its forward's timeout at most, so the answer always
+        // reaches it in time (a forward that times out is reported as not
+        // delivered, and kept, although it was delivered here).
+        let budget = self
+            .cluster
+            .as_ref()
+            .map_or(Duration::from_millis(500), |c| c.timeout() / 4);
+        let tracer = &self.delivery.tracer;
+        let callback = callback::CallbackTarget::from_wire(&batch.callback);
+        let _ = tokio::time::timeout(budget, async {
+            tracer.room().await;
+            if let Some(t) = &callback {
+                tracer.callbacks().room(t).await;
+            }
+        })
+        .await;
         self.delivery.deliver_forwarded(batch)
     }
 
