@@ -77,7 +77,7 @@ struct Queue {
     pace: Arc<Pace>,
 }
 
-/// What producers waiting for room in a queue watch (`Sinks::room`).
+/// What producers waiting for room in a queue watch (`Sinks::callback_room`).
 #[derive(Default)]
 struct Pace {
     /// Signalled whenever a worker takes a batch out of the queue.
@@ -389,9 +389,8 @@ impl Sinks {
 
     /// Backpressure for delivery callbacks: while a queue that takes them
     /// (the callback sinks; with `url`, that allow-listed URL's queue) is
-    /// over half full (and its far end is not
-    /// failing), waits for its workers, up to the acceptance timeout
-    /// (`sinks.accept_timeout_ms`). A flood of pushes with callbacks then
+    /// over half full and its far end is not failing, waits for its
+    /// workers, up to the acceptance timeout (`sinks.accept_timeout_ms`). A flood of pushes with callbacks then
     /// goes at the pace the backend takes their callbacks instead of
     /// overflowing the queue (its events dropped); past the timeout the push
     /// goes on, and a full queue counts what it drops.
