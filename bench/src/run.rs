@@ -1060,6 +1060,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let tail_send = paced_pushes(&http, &url, tail_n, n);
     eprintln!("cpu: single-user pushes at 1000/s for {} s", s.tail_secs);
     let c_tail = cpu_secs(pid);
+    let held_before = write_delay_buckets(&server.api).await?;
     let (_, tail_latency) = measure(
         &mut w,
         "single-user pushes at 1000/s",
@@ -1069,6 +1070,22 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     )
     .await?;
     let tail_cpu = cpu_secs(pid) - c_tail;
+    // The server's own share of the tail: how long it held each push
+    // between accepting it and writing it (its histogram's buckets).
+    let held_after = write_delay_buckets(&server.api).await?;
+    let server_held: serde_json::Map<String, Value> = held_after
+        .iter()
+        .map(|(le, after)| {
+            let before = held_before
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0.0, |b| b.1);
+            (le.clone(), json!(after - before))
+        })
+        .collect();
+    eprintln!(
+        "cpu: the server's own delay from accepting a push to writing it, pushes at or under each bound (s): {server_held:?}"
+    );
 
     // The ideal server, pinned the same way: what a connect and a delivery
     // cost this machine's kernel at best (an accept; one write per
@@ -1282,7 +1299,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "ideal_rsa_op_cpu_us": us(ideal_rsa_cpu, rsa_ops),
         "ideal_rsa_backend": rsa_reply["backend"],
         "handshake_cpu_us": us(handshake_cpu, n),
-        "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency, "ideal_latency": ideal_tail_latency},
+        "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency, "ideal_latency": ideal_tail_latency, "server_write_delay_le": server_held},
         "fast_connect_cpu_us": us(fast_cpu, n),
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
         "fast_connect_alternating": {"parts": s.fast_parts},
@@ -1583,6 +1600,21 @@ async fn scrape(api: &str, series: &str) -> Result<f64> {
         .find_map(|l| l.strip_prefix(series))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0))
+}
+
+/// The server's `mpush_push_write_delay_seconds` histogram: (bound, pushes
+/// at or under it), cumulative as Prometheus renders it.
+async fn write_delay_buckets(api: &str) -> Result<Vec<(String, f64)>> {
+    let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("mpush_push_write_delay_seconds_bucket{le=\""))
+        .filter_map(|l| {
+            let (le, rest) = l.split_once('"')?;
+            let n = rest.trim_start_matches('}').trim().parse().ok()?;
+            Some((le.to_string(), n))
+        })
+        .collect())
 }
 
 /// `k` broadcasts back to back to `n` connections, waiting for every copy.

@@ -573,6 +573,10 @@ pub struct Cluster {
     pub node_renew_secs: u64,
     /// Timeout of one Redis command and of one node-to-node forward.
     pub timeout_ms: u64,
+    /// Users whose routes a node keeps in its client-side cache for
+    /// delivery (Redis invalidates them on every change; one `PING` per
+    /// lookup keeps them current); 0: every lookup reads Redis.
+    pub route_cache_keys: usize,
 }
 
 impl Default for Cluster {
@@ -590,6 +594,7 @@ impl Default for Cluster {
             node_ttl_secs: 30,
             node_renew_secs: 15,
             timeout_ms: 2000,
+            route_cache_keys: 100_000,
         }
     }
 }

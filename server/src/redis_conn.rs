@@ -135,6 +135,8 @@ struct Inner {
     /// What it was opened with (for [`RedisHandle::reopen`]).
     url: String,
     ca_pem: Option<Vec<u8>>,
+    /// RESP3 connections with a client-side cache (`RedisHandle::cached`).
+    resp3: bool,
 }
 
 struct Sentinel {
@@ -208,17 +210,27 @@ pub fn valid_url(url: &str) -> bool {
 }
 
 /// A client for one server: `rediss://` URLs trust `ca_pem` when given
-/// (a private CA), else the webpki roots.
-fn open_client(url: &str, ca_pem: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+/// (a private CA), else the webpki roots. `resp3`: speak RESP3 (which
+/// carries the server's invalidations of a client-side cache).
+fn open_client(url: &str, ca_pem: Option<&[u8]>, resp3: bool) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let mut info = url.into_connection_info()?;
+    if resp3 {
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        info = info.set_redis_settings(settings);
+    }
     match ca_pem {
         Some(ca) if url.starts_with("rediss://") => redis::Client::build_with_tls(
-            url,
+            info,
             redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(ca.to_vec()),
             },
         ),
-        _ => redis::Client::open(url),
+        _ => redis::Client::open(info),
     }
 }
 
@@ -230,14 +242,34 @@ impl RedisHandle {
         timeout: Duration,
         ca_pem: Option<Vec<u8>>,
     ) -> anyhow::Result<Self> {
+        Self::connect_with(url, timeout, ca_pem, None).await
+    }
+
+    /// `connect`, with a client-side cache of `cache` keys when given (RESP3
+    /// connections; not for a Redis Cluster).
+    async fn connect_with(
+        url: &str,
+        timeout: Duration,
+        ca_pem: Option<Vec<u8>>,
+        cache: Option<std::num::NonZeroUsize>,
+    ) -> anyhow::Result<Self> {
         // rustls needs one process-wide provider when more than one is built in.
         let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let config = ConnectionManagerConfig::new()
+        let mut config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2));
+        let resp3 = cache.is_some();
+        if let Some(size) = cache {
+            config = config.set_cache_config(
+                redis::caching::CacheConfig::new()
+                    .set_mode(redis::caching::CacheMode::All)
+                    .set_size(size),
+            );
+        }
         if let Some(nodes) = parse_cluster(url) {
+            anyhow::ensure!(!resp3, "no client-side cache on a Redis Cluster");
             let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
                 .connection_timeout(timeout)
                 .response_timeout(timeout);
@@ -258,7 +290,7 @@ impl RedisHandle {
                 })??;
             // Pub/sub messages are broadcast to every node of a Redis Cluster,
             // so one node's plain client carries them.
-            let pubsub = open_client(&nodes[0], ca_pem.as_deref())?;
+            let pubsub = open_client(&nodes[0], ca_pem.as_deref(), false)?;
             return Ok(Self(Arc::new(Inner {
                 manager: RwLock::new(RedisConn::Cluster(conn)),
                 client: RwLock::new(pubsub),
@@ -269,6 +301,7 @@ impl RedisHandle {
                 timeout,
                 url: url.to_owned(),
                 ca_pem,
+                resp3,
             })));
         }
         let sentinel = parse_sentinel(url).map(|mut s| {
@@ -285,7 +318,7 @@ impl RedisHandle {
             })?,
             None => url.to_owned(),
         };
-        let client = open_client(&target, ca_pem.as_deref())?;
+        let client = open_client(&target, ca_pem.as_deref(), resp3)?;
         let manager = tokio::time::timeout(
             timeout * 3,
             client.get_connection_manager_with_config(config.clone()),
@@ -307,6 +340,7 @@ impl RedisHandle {
             timeout,
             url: url.to_owned(),
             ca_pem,
+            resp3,
         })))
     }
 
@@ -318,6 +352,35 @@ impl RedisHandle {
         let h = Self::connect(&self.0.url, self.0.timeout, self.0.ca_pem.clone()).await?;
         h.spawn_follow();
         Ok(h)
+    }
+
+    /// A handle of its own to the same Redis whose connection keeps a
+    /// client-side cache of up to `keys` keys (RESP3 with server-assisted
+    /// invalidation: Redis tells it of every change to a key it has read,
+    /// on the same connection, in order with the replies; a reconnect or a
+    /// master that moved starts an empty cache). `None` for a Redis Cluster.
+    pub async fn cached(&self, keys: std::num::NonZeroUsize) -> anyhow::Result<Option<Self>> {
+        if self.0.cluster_nodes.is_some() {
+            return Ok(None);
+        }
+        let h = Self::connect_with(
+            &self.0.url,
+            self.0.timeout,
+            self.0.ca_pem.clone(),
+            Some(keys),
+        )
+        .await?;
+        h.spawn_follow();
+        Ok(Some(h))
+    }
+
+    /// Hits, misses and invalidations of the client-side cache
+    /// (`RedisHandle::cached`) since its connection opened.
+    pub fn cache_statistics(&self) -> Option<redis::caching::CacheStatistics> {
+        match &*self.0.manager.read() {
+            RedisConn::Single(m) => m.get_cache_statistics(),
+            RedisConn::Cluster(_) => None,
+        }
     }
 
     /// A connection for one or more commands (cheap: a clone of the manager).
@@ -356,7 +419,7 @@ impl RedisHandle {
                 if *inner.master.lock() == master {
                     continue;
                 }
-                let Ok(client) = open_client(&master, s.ca_pem.as_deref()) else {
+                let Ok(client) = open_client(&master, s.ca_pem.as_deref(), inner.resp3) else {
                     continue;
                 };
                 match tokio::time::timeout(
@@ -385,7 +448,8 @@ impl RedisHandle {
 async fn resolve_master(s: &Sentinel, timeout: Duration) -> Option<String> {
     let scheme = if s.tls { "rediss" } else { "redis" };
     for host in &s.hosts {
-        let Ok(client) = open_client(&format!("{scheme}://{host}/"), s.ca_pem.as_deref()) else {
+        let Ok(client) = open_client(&format!("{scheme}://{host}/"), s.ca_pem.as_deref(), false)
+        else {
             continue;
         };
         let Ok(Ok(mut c)) =

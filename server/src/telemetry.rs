@@ -344,6 +344,24 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "Trace events dropped: the trace writer's queue was full (Redis, past the backpressure's deadline; the memory store takes each in place)",
     ),
     (
+        "mpush_route_cache_hits_total",
+        Counter,
+        Unit::Count,
+        "Route lookups of delivery answered by the node's client-side route cache (cluster mode)",
+    ),
+    (
+        "mpush_route_cache_misses_total",
+        Counter,
+        Unit::Count,
+        "Route lookups of delivery read from Redis (not in the route cache)",
+    ),
+    (
+        "mpush_route_cache_invalidations_total",
+        Counter,
+        Unit::Count,
+        "Cached routes dropped: Redis reported a change of the user's routes, or the cache was full",
+    ),
+    (
         "mpush_trace_backpressure_waits_total",
         Counter,
         Unit::Count,

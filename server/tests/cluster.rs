@@ -1938,3 +1938,114 @@ async fn a_forwarded_push_is_answered_in_time_while_the_callback_queue_is_full()
         node.shutdown().await;
     }
 }
+
+/// The route cache never shows delivery an older route table than Redis
+/// held when the push came in: a device bound, unbound or replaced on
+/// another node a moment ago is seen by the next batch through node A,
+/// whose cache held the user's routes from the batch before. Each step is
+/// answered (BIND and UNBIND OK, a kick seen) before the push that must see
+/// it, with no sleep between, so the invalidation has no time of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cached_route_never_hides_a_bind_an_unbind_or_a_new_login_on_another_node() {
+    let redis = Redis::start(free_port()).await;
+    let n = nodes(&redis).await;
+    let api_a = Api::new(&n[0]);
+    let batch = |user: &str, content: &str| {
+        api_a.post(
+            "/api/v1/push/batch",
+            json!({"userIds": [user], "content": content}),
+        )
+    };
+    for round in 0..8 {
+        let user = format!("cache{round}");
+        let mut phone = on(&n[1], &user, &format!("{user}-phone"), "android", "").await;
+        // Read twice through A: the second is served by its cache.
+        for warm in ["warm-1", "warm-2"] {
+            let (st, r) = batch(&user, warm).await;
+            assert_eq!((st, &r["dispatched"]), (200, &json!(1)), "{r}");
+            phone.message(warm).await;
+        }
+
+        // A second device on C: the very next batch reaches both.
+        let mut pc = on(&n[2], &user, &format!("{user}-pc"), "windows", "").await;
+        let (st, r) = batch(&user, "both").await;
+        assert_eq!(
+            (st, &r["dispatched"]),
+            (200, &json!(2)),
+            "round {round}: {r}"
+        );
+        phone.message("both").await;
+        pc.message("both").await;
+
+        // The phone unbinds: the next batch goes to the PC alone.
+        phone.unbind(&user);
+        phone
+            .wait_for("unbind ok", |e| matches!(e, ClientEvent::Unbound { .. }))
+            .await;
+        let (st, r) = batch(&user, "pc only").await;
+        assert_eq!(
+            (st, &r["dispatched"]),
+            (200, &json!(1)),
+            "round {round}: {r}"
+        );
+        pc.message("pc only").await;
+
+        // A newer PC login on A replaces the one on C: only it gets the next.
+        let mut pc2 = on(&n[0], &user, &format!("{user}-pc-2"), "windows", "").await;
+        pc.wait_for("kicked by the newer login", |e| {
+            matches!(e, ClientEvent::Kicked { .. })
+        })
+        .await;
+        let (st, r) = batch(&user, "newer pc").await;
+        assert_eq!(
+            (st, &r["dispatched"]),
+            (200, &json!(1)),
+            "round {round}: {r}"
+        );
+        pc2.message("newer pc").await;
+
+        // Everyone leaves through C's API: the user is offline for A too.
+        pc2.unbind(&user);
+        pc2.wait_for("unbind ok", |e| matches!(e, ClientEvent::Unbound { .. }))
+            .await;
+        let (st, r) = batch(&user, "offline").await;
+        assert_eq!(
+            r["results"][0]["status"], "offline",
+            "round {round}: {st} {r}"
+        );
+        phone.settle(Duration::from_millis(50)).await;
+        pc.settle(Duration::from_millis(50)).await;
+        for (c, name, never) in [
+            (&phone, "phone", &["pc only", "newer pc", "offline"][..]),
+            (&pc, "first pc", &["newer pc", "offline"][..]),
+        ] {
+            for late in never {
+                assert!(
+                    !c.messages().contains(&(*late).to_owned()),
+                    "round {round}: the {name} got {late:?}"
+                );
+            }
+        }
+    }
+    // The cache did serve lookups (the second warm-up batch of each round).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = api_a.text(reqwest::Method::GET, "/metrics", None).await;
+        let hits: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("mpush_route_cache_hits_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        if hits >= 8.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "route cache hits: {hits}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for s in n {
+        s.shutdown().await;
+    }
+}

@@ -171,6 +171,10 @@ enum NodeEvent {
 pub struct Cluster {
     pub node_id: String,
     pub redis: RedisHandle,
+    /// The same Redis through a connection with a client-side cache, for
+    /// delivery's route lookups (`cluster.route_cache_keys`; none when 0,
+    /// on a Redis Cluster, or when Redis cannot speak RESP3).
+    pub route_cache: Option<RedisHandle>,
     cfg: Arc<Validated>,
     me: Mutex<Option<NodeInfo>>,
     peers: peer::Peers,
@@ -190,6 +194,18 @@ impl Cluster {
             };
         let redis = RedisHandle::connect(&c.redis, Duration::from_millis(c.timeout_ms), ca).await?;
         redis.spawn_follow();
+        let route_cache = match std::num::NonZeroUsize::new(c.route_cache_keys) {
+            None => None,
+            Some(keys) => match redis.cached(keys).await {
+                Ok(cache) => cache,
+                Err(e) => {
+                    // Redis before 6 has no RESP3: routes are then read
+                    // without a cache, as with `route_cache_keys = 0`.
+                    tracing::warn!(error = %e, "no route cache: routes are read from Redis each time");
+                    None
+                }
+            },
+        };
         let node_id = if c.node_id.is_empty() {
             crate::clock::random_hex(6)
         } else {
@@ -198,6 +214,7 @@ impl Cluster {
         Ok(Arc::new(Self {
             node_id,
             redis,
+            route_cache,
             peers: peer::Peers::new(cfg.settings.cluster.secret.clone()),
             cfg,
             me: Mutex::new(None),

@@ -154,8 +154,10 @@ impl Hub {
             |c| c.node_id.clone(),
         );
         let table: Option<Arc<dyn RouteStore>> = cluster.as_ref().map(|c| {
-            Arc::new(RedisRoutes::new(c.redis.clone(), s.cluster.route_ttl_secs))
-                as Arc<dyn RouteStore>
+            Arc::new(
+                RedisRoutes::new(c.redis.clone(), s.cluster.route_ttl_secs)
+                    .with_cache(c.route_cache.clone()),
+            ) as Arc<dyn RouteStore>
         });
         // Ids stay unique across restarts (clients deduplicate by them): the
         // counter starts at the start-up time in ms, shifted left 16 bits.
@@ -270,6 +272,19 @@ impl Hub {
         }
         for (sink, n) in self.upstream.sinks().depths() {
             metrics::gauge!("mpush_sink_queue_depth", "sink" => sink.to_string()).set(n as f64);
+        }
+        // Counted by the cache's connection since it opened (a master that
+        // moved starts them again: a counter reset).
+        if let Some(st) = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.route_cache.as_ref())
+            .and_then(|c| c.cache_statistics())
+        {
+            metrics::counter!("mpush_route_cache_hits_total").absolute(st.hit as u64);
+            metrics::counter!("mpush_route_cache_misses_total").absolute(st.miss as u64);
+            metrics::counter!("mpush_route_cache_invalidations_total")
+                .absolute(st.invalidate as u64);
         }
     }
 

@@ -35,6 +35,9 @@ return 1",
 pub struct RedisRoutes {
     redis: RedisHandle,
     ttl_secs: u64,
+    /// Delivery's lookups (`lookup_many`) through a connection with a
+    /// client-side cache (`RedisHandle::cached`), if any.
+    cache: Option<RedisHandle>,
 }
 
 fn key(user: &str) -> String {
@@ -98,7 +101,22 @@ fn down(e: redis::RedisError) -> RouteError {
 
 impl RedisRoutes {
     pub fn new(redis: RedisHandle, ttl_secs: u64) -> Self {
-        Self { redis, ttl_secs }
+        Self {
+            redis,
+            ttl_secs,
+            cache: None,
+        }
+    }
+
+    /// Delivery reads routes through `cache`, a handle with a client-side
+    /// cache of the same Redis. Before each read it waits for a `PING`'s
+    /// answer on that connection: Redis sends a key's invalidation on it
+    /// as it changes the key, so every change made before the read began
+    /// (a bind or an unbind the caller may already have seen answered) has
+    /// reached the cache by then. A cached route is never older than that.
+    pub fn with_cache(mut self, cache: Option<RedisHandle>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// One user's route rows.
@@ -167,7 +185,14 @@ impl RouteStore for RedisRoutes {
         for u in users {
             p.hgetall(key(u));
         }
-        let mut c = self.redis.conn();
+        let mut c = match &self.cache {
+            Some(cached) => {
+                let mut c = cached.conn();
+                let () = redis::cmd("PING").query_async(&mut c).await.map_err(down)?;
+                c
+            }
+            None => self.redis.conn(),
+        };
         let all: Vec<HashMap<String, String>> = p.query_async(&mut c).await.map_err(down)?;
         Ok(all
             .into_iter()
