@@ -416,6 +416,12 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
         "HTTP_PROXY requests by outcome: forwarded, unmapped, bad_request, too_large, response_too_large, timeout, backend_error, conn_limit, user_limit, busy",
     ),
     (
+        "mpush_api_request_duration_seconds",
+        Histogram,
+        Unit::Seconds,
+        "Time the HTTP API took from a request's headers to its answer, by route (push, push_batch, broadcast, topic_push, trace, user, kick, subscribe, compat, metrics, other)",
+    ),
+    (
         "mpush_http_proxy_duration_seconds",
         Histogram,
         Unit::Seconds,
@@ -496,6 +502,23 @@ pub const CATALOG: &[(&str, Kind, Unit, &str)] = &[
 /// unlabelled zero series; the labelled ones appear beside it on first use
 /// (sums are unchanged).
 pub const LABELS: &[(&str, &str, &[&str])] = &[
+    (
+        "mpush_api_request_duration_seconds",
+        "route",
+        &[
+            "push",
+            "push_batch",
+            "broadcast",
+            "topic_push",
+            "trace",
+            "user",
+            "kick",
+            "subscribe",
+            "compat",
+            "metrics",
+            "other",
+        ],
+    ),
     (
         "mpush_connections_refused_total",
         "reason",

@@ -989,6 +989,7 @@ async fn metrics_have_help_units_histograms_and_build_info() {
         "# TYPE mpush_push_write_delay_seconds histogram",
         "mpush_push_write_delay_seconds_count",
         "# TYPE mpush_push_ack_seconds histogram",
+        "mpush_api_request_duration_seconds_count{route=\"push\"} ",
         "mpush_build_info{",
     ] {
         assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");

@@ -86,6 +86,7 @@ pub fn router(state: ApiState) -> Router {
     }
     app.fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), same_site))
+        .layer(middleware::from_fn(timed))
         // A span per request (method, path, version) that every log line of
         // the request carries; the response (status, latency) at DEBUG, and
         // 5xx answers at WARN (a 503 while a store is down is an answer the
@@ -101,6 +102,36 @@ pub fn router(state: ApiState) -> Router {
                 .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::WARN)),
         )
         .with_state(state)
+}
+
+/// The route label of `mpush_api_request_duration_seconds` (a fixed set).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/api/v1/push" => "push",
+        "/api/v1/push/batch" => "push_batch",
+        "/api/v1/broadcast" => "broadcast",
+        "/metrics" => "metrics",
+        "/exec" | "/push" | "/" => "compat",
+        p => match p.strip_prefix("/api/v1/") {
+            Some(r) if r.starts_with("traces/") => "trace",
+            Some(r) if r.starts_with("users/") && r.ends_with("/kick") => "kick",
+            Some(r) if r.starts_with("users/") => "user",
+            Some(r) if r.starts_with("topics/") && r.ends_with("/push") => "topic_push",
+            Some(r) if r.starts_with("topics/") => "subscribe",
+            _ => "other",
+        },
+    }
+}
+
+/// Times every request, from its headers read to its answer built (the
+/// body is read inside), by route.
+async fn timed(req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = route_label(req.uri().path());
+    let res = next.run(req).await;
+    metrics::histogram!("mpush_api_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    res
 }
 
 /// A route without the method asked for: a JSON 405 (axum adds `Allow`).
