@@ -1057,10 +1057,10 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     // one machine, against 0.7-1.7 ms before them or without them).
     let url = format!("{}/api/v1/push", server.api);
     let tail_n = s.tail_secs as usize * 1000;
-    let tail_send = paced_pushes(&http, &url, tail_n, n);
+    let tail_send = paced_pushes(&url, tail_n, n);
     eprintln!("cpu: single-user pushes at 1000/s for {} s", s.tail_secs);
     let c_tail = cpu_secs(pid);
-    let held_before = write_delay_buckets(&server.api).await?;
+    let held_before = server_buckets(&server.api).await?;
     let (_, tail_latency) = measure(
         &mut w,
         "single-user pushes at 1000/s",
@@ -1072,19 +1072,20 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let tail_cpu = cpu_secs(pid) - c_tail;
     // The server's own share of the tail: how long it held each push
     // between accepting it and writing it (its histogram's buckets).
-    let held_after = write_delay_buckets(&server.api).await?;
+    let held_after = server_buckets(&server.api).await?;
     let server_held: serde_json::Map<String, Value> = held_after
         .iter()
-        .map(|(le, after)| {
+        .map(|(series, after)| {
             let before = held_before
                 .iter()
-                .find(|(l, _)| l == le)
+                .find(|(l, _)| l == series)
                 .map_or(0.0, |b| b.1);
-            (le.clone(), json!(after - before))
+            (series.clone(), json!(after - before))
         })
         .collect();
     eprintln!(
-        "cpu: the server's own delay from accepting a push to writing it, pushes at or under each bound (s): {server_held:?}"
+        "cpu: the server's own share of the tail, pushes at or under each bound: {}",
+        Value::Object(server_held.clone())
     );
 
     // The ideal server, pinned the same way: what a connect and a delivery
@@ -1299,7 +1300,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "ideal_rsa_op_cpu_us": us(ideal_rsa_cpu, rsa_ops),
         "ideal_rsa_backend": rsa_reply["backend"],
         "handshake_cpu_us": us(handshake_cpu, n),
-        "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency, "ideal_latency": ideal_tail_latency, "server_write_delay_le": server_held},
+        "single_paced": {"rate": 1000, "pushes": tail_n, "cpu_us_per_push": us(tail_cpu, tail_n), "latency": tail_latency, "ideal_latency": ideal_tail_latency, "server_share_le": server_held},
         "fast_connect_cpu_us": us(fast_cpu, n),
         "fast_connects_per_core_s": n as f64 / fast_cpu.max(1e-9),
         "fast_connect_alternating": {"parts": s.fast_parts},
@@ -1526,18 +1527,91 @@ const STORM_CONCURRENCY: usize = 100_000;
 
 /// `count` single-user pushes through `url` at 1,000/s, spread over `users`
 /// users; each request is made (and its timestamp taken) when its tick comes.
-async fn paced_pushes(http: &reqwest::Client, url: &str, count: usize, users: usize) -> Result<()> {
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    let mut tasks = Vec::with_capacity(count);
-    for k in 0..count {
-        tick.tick().await;
-        let body =
-            json!({"userId": format!("u{}", (k * 7919) % users.max(1)), "content": stamp(PAYLOAD)});
-        let (http, url) = (http.clone(), url.to_string());
-        tasks.push(tokio::spawn(async move { post(&http, &url, body).await }));
+///
+/// Sent from a thread of its own over kept-alive HTTP/1.1 connections
+/// (round robin; a thread per connection reads the answers), written to
+/// the socket right after the timestamp, as the ideal server's messages
+/// are written to its pipe. Through an HTTP client on this process's
+/// runtime, each call went through a spawned task and the client's
+/// connection task first: two wakes on a core the load clients share, where
+/// the scheduler can hold a woken thread for milliseconds, counted in the
+/// latency as if the server had taken them.
+async fn paced_pushes(url: &str, count: usize, users: usize) -> Result<()> {
+    let rest = url
+        .strip_prefix("http://")
+        .context("paced pushes need an http:// URL")?;
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (host, path) = (host.to_owned(), path.to_owned());
+    tokio::task::spawn_blocking(move || paced_pushes_blocking(&host, &path, count, users)).await?
+}
+
+/// Connections `paced_pushes` spreads its calls over: one call is usually
+/// answered long before the next comes, so this is only for the rare slow one.
+const PACED_CONNS: usize = 4;
+
+fn paced_pushes_blocking(host: &str, path: &str, count: usize, users: usize) -> Result<()> {
+    use std::io::Write;
+    let mut conns = Vec::new();
+    let mut readers = Vec::new();
+    for c in 0..PACED_CONNS {
+        let s = std::net::TcpStream::connect(host)?;
+        s.set_nodelay(true)?;
+        let r = s.try_clone()?;
+        let answers = (c..count).step_by(PACED_CONNS).count();
+        readers.push(std::thread::spawn(move || read_answers(r, answers)));
+        conns.push(s);
     }
-    for t in tasks {
-        t.await??;
+    let start = Instant::now();
+    for k in 0..count {
+        let at = start + Duration::from_millis(k as u64);
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let body =
+            json!({"userId": format!("u{}", (k * 7919) % users.max(1)), "content": stamp(PAYLOAD)})
+                .to_string();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conns[k % PACED_CONNS].write_all(req.as_bytes())?;
+    }
+    for r in readers {
+        r.join()
+            .map_err(|_| anyhow::anyhow!("an answer reader panicked"))??;
+    }
+    Ok(())
+}
+
+/// Reads `n` HTTP/1.1 answers (each with a `Content-Length`); any but 200 is an error.
+fn read_answers(s: std::net::TcpStream, n: usize) -> Result<()> {
+    use std::io::{BufRead, Read};
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut r = std::io::BufReader::new(s);
+    for _ in 0..n {
+        let mut status = String::new();
+        r.read_line(&mut status)?;
+        let mut len = 0usize;
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line)? == 0 {
+                bail!("the API closed the connection");
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                len = v.trim().parse()?;
+            }
+        }
+        let mut body = vec![0; len];
+        r.read_exact(&mut body)?;
+        if status.split_whitespace().nth(1) != Some("200") {
+            bail!("push: {} {}", status.trim(), String::from_utf8_lossy(&body));
+        }
     }
     Ok(())
 }
@@ -1602,17 +1676,28 @@ async fn scrape(api: &str, series: &str) -> Result<f64> {
         .unwrap_or(0.0))
 }
 
-/// The server's `mpush_push_write_delay_seconds` histogram: (bound, pushes
-/// at or under it), cumulative as Prometheus renders it.
-async fn write_delay_buckets(api: &str) -> Result<Vec<(String, f64)>> {
+/// The server's histograms of its own time per single push, cumulative as
+/// Prometheus renders them: (`what le=<bound>`, pushes at or under it).
+/// `api`: from its headers read to its answer; `write`: from its acceptance
+/// to its write on the client's socket.
+async fn server_buckets(api: &str) -> Result<Vec<(String, f64)>> {
     let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    let series = [
+        (
+            "api",
+            "mpush_api_request_duration_seconds_bucket{route=\"push\",le=\"",
+        ),
+        ("write", "mpush_push_write_delay_seconds_bucket{le=\""),
+    ];
     Ok(text
         .lines()
-        .filter_map(|l| l.strip_prefix("mpush_push_write_delay_seconds_bucket{le=\""))
         .filter_map(|l| {
-            let (le, rest) = l.split_once('"')?;
+            let (what, rest) = series
+                .iter()
+                .find_map(|(what, p)| Some((*what, l.strip_prefix(p)?)))?;
+            let (le, rest) = rest.split_once('"')?;
             let n = rest.trim_start_matches('}').trim().parse().ok()?;
-            Some((le.to_string(), n))
+            Some((format!("{what} le={le}"), n))
         })
         .collect())
 }
@@ -1787,7 +1872,7 @@ async fn curve(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         // Single-user pushes at 1,000/s through node A.
         let url = format!("{}/api/v1/push", servers[0].api);
         let pushes = s.tail_secs.min(3) as usize * 1000;
-        let send = paced_pushes(&http, &url, pushes, n);
+        let send = paced_pushes(&url, pushes, n);
         let (_, unicast) =
             measure(&mut w, "curve: unicast at 1000/s", s.timeout, pushes, send).await?;
         w.quit().await;
