@@ -1070,8 +1070,9 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     )
     .await?;
     let tail_cpu = cpu_secs(pid) - c_tail;
-    // The server's own share of the tail: how long it held each push
-    // between accepting it and writing it (its histogram's buckets).
+    // The server's own share of the tail, from its histograms' buckets:
+    // how long it took over each API call, and held each push between
+    // accepting and writing it.
     let held_after = server_buckets(&server.api).await?;
     let server_held: serde_json::Map<String, Value> = held_after
         .iter()

@@ -1956,24 +1956,27 @@ async fn a_cached_route_never_hides_a_bind_an_unbind_or_a_new_login_on_another_n
             json!({"userIds": [user], "content": content}),
         )
     };
+    // A batch through A that Redis's routes say reaches `devices` devices.
+    let reaches = async |round: usize, user: &str, content: &str, devices: u64| {
+        let (st, r) = batch(user, content).await;
+        assert_eq!(
+            (st, &r["dispatched"]),
+            (200, &json!(devices)),
+            "round {round}, {content:?}: {r}"
+        );
+    };
     for round in 0..8 {
         let user = format!("cache{round}");
         let mut phone = on(&n[1], &user, &format!("{user}-phone"), "android", "").await;
         // Read twice through A: the second is served by its cache.
         for warm in ["warm-1", "warm-2"] {
-            let (st, r) = batch(&user, warm).await;
-            assert_eq!((st, &r["dispatched"]), (200, &json!(1)), "{r}");
+            reaches(round, &user, warm, 1).await;
             phone.message(warm).await;
         }
 
         // A second device on C: the very next batch reaches both.
         let mut pc = on(&n[2], &user, &format!("{user}-pc"), "windows", "").await;
-        let (st, r) = batch(&user, "both").await;
-        assert_eq!(
-            (st, &r["dispatched"]),
-            (200, &json!(2)),
-            "round {round}: {r}"
-        );
+        reaches(round, &user, "both", 2).await;
         phone.message("both").await;
         pc.message("both").await;
 
@@ -1982,12 +1985,7 @@ async fn a_cached_route_never_hides_a_bind_an_unbind_or_a_new_login_on_another_n
         phone
             .wait_for("unbind ok", |e| matches!(e, ClientEvent::Unbound { .. }))
             .await;
-        let (st, r) = batch(&user, "pc only").await;
-        assert_eq!(
-            (st, &r["dispatched"]),
-            (200, &json!(1)),
-            "round {round}: {r}"
-        );
+        reaches(round, &user, "pc only", 1).await;
         pc.message("pc only").await;
 
         // A newer PC login on A replaces the one on C: only it gets the next.
@@ -1996,12 +1994,7 @@ async fn a_cached_route_never_hides_a_bind_an_unbind_or_a_new_login_on_another_n
             matches!(e, ClientEvent::Kicked { .. })
         })
         .await;
-        let (st, r) = batch(&user, "newer pc").await;
-        assert_eq!(
-            (st, &r["dispatched"]),
-            (200, &json!(1)),
-            "round {round}: {r}"
-        );
+        reaches(round, &user, "newer pc", 1).await;
         pc2.message("newer pc").await;
 
         // Everyone leaves through C's API: the user is offline for A too.
