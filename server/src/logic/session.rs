@@ -164,8 +164,7 @@ impl Sessions {
         binding: &KeptBinding,
     ) -> Option<Arc<str>> {
         let (user, everywhere) = self.bind_as(info, tx, binding, None).await;
-        let outcome = if everywhere { "bound" } else { "failed" };
-        metrics::counter!("mpush_bindings_restored_total", "outcome" => outcome).increment(1);
+        restored_counter(everywhere).increment(1);
         if everywhere {
             return Some(user);
         }
@@ -356,4 +355,17 @@ fn log_refused_bind(user_id: &str, info: &ConnInfo, e: &TokenError) {
         left_out,
         "bind refused (mpush_bind_refused_total; at most one such line a second, left_out counts the others)"
     );
+}
+
+/// `mpush_bindings_restored_total` by outcome, looked up once: a lookup by
+/// name and label costs a hash and a lock on every fast connect.
+fn restored_counter(everywhere: bool) -> &'static metrics::Counter {
+    static BOUND: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+    static FAILED: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+    let (cell, outcome) = if everywhere {
+        (&BOUND, "bound")
+    } else {
+        (&FAILED, "failed")
+    };
+    cell.get_or_init(|| metrics::counter!("mpush_bindings_restored_total", "outcome" => outcome))
 }
