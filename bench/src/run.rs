@@ -1274,7 +1274,17 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     w.quit().await;
     drop(server);
 
-    // The shipped flow-control default (30,000 deliveries/s) applies.
+    // The shipped flow-control default (30,000 deliveries/s), compared with
+    // one broadcast at a time on the same process, before and after it
+    // (ABA: drift that is linear over the phase cancels, and no other
+    // process's block evicts its caches in between, which cost about a fifth
+    // per copy when two servers took turns). Between those broadcasts the
+    // limiter's bucket refills (one broadcast takes n of its 30,000 tokens;
+    // the pause gives them back), so it never makes them wait: the server's
+    // own counter of flow-control waits proves it. A fresh process pays for
+    // its first broadcasts (queues and buffers growing), so two unmeasured
+    // ones warm it first.
+    const LIMIT: usize = 30_000;
     let limited = start_server_with(
         bin,
         None,
@@ -1285,10 +1295,42 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
     let lpid = limited.child.id().unwrap_or(0);
     let mut w = Workers::bound_tcp(me, &limited.tcp, n, s.timeout).await?;
     let url = format!("{}/api/v1/broadcast", limited.api);
+    let refill = Duration::from_secs_f64((n as f64 / LIMIT as f64) * 1.2 + 0.05);
+    let full = Duration::from_secs_f64(1.1);
+    for _ in 0..2 {
+        broadcast_n(&mut w, &http, &url, s, n, 1).await?;
+        tokio::time::sleep(refill).await;
+    }
+    tokio::time::sleep(full).await;
+    let waits = "mpush_flow_control_waits_total ";
+    let waits_before = scrape(&limited.api, waits).await?;
+    let (mut free_cpu, mut free_n) = (0.0, 0);
+    let mut one_free = async |w: &mut Workers, k: usize| -> Result<()> {
+        for _ in 0..k {
+            let c = cpu_secs(lpid);
+            broadcast_n(w, &http, &url, s, n, 1).await?;
+            free_cpu += cpu_secs(lpid) - c;
+            free_n += 1;
+            tokio::time::sleep(refill).await;
+        }
+        Ok(())
+    };
+    one_free(&mut w, one / 2).await?;
+    let free_waits = scrape(&limited.api, waits).await? - waits_before;
+    tokio::time::sleep(full).await;
     let limited_n = (back_to_back / 2).max(1);
     let c4 = cpu_secs(lpid);
     let (limited_rate, _) = broadcast_n(&mut w, &http, &url, s, n, limited_n).await?;
     let limited_cpu = cpu_secs(lpid) - c4;
+    let limited_waits = scrape(&limited.api, waits).await? - waits_before - free_waits;
+    tokio::time::sleep(full).await;
+    let before_rest = scrape(&limited.api, waits).await?;
+    one_free(&mut w, one - one / 2).await?;
+    let free_waits = free_waits + scrape(&limited.api, waits).await? - before_rest;
+    anyhow::ensure!(
+        free_waits == 0.0,
+        "the limiter made {free_waits} of the unlimited broadcasts wait: the pause between them is too short"
+    );
     w.quit().await;
     drop(limited);
 
@@ -1314,7 +1356,7 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         "broadcast_condition": {"broadcasts": cond_n, "condition": BENCH_CONDITION, "cpu_us_per_delivery": us(cond_cpu, cond_n * n)},
         "broadcast_condition_js": {"broadcasts": cond_n, "condition": BENCH_CONDITION_JS, "cpu_us_per_delivery": us(cond_js_cpu, cond_n * n)},
         "broadcast_condition_one_at_a_time": {"broadcasts": cond_one_n, "cpu_us_per_delivery": {"none": us(one_cpu_by[0], cond_one_n * n), "condition": us(one_cpu_by[1], cond_one_n * n), "condition_js": us(one_cpu_by[2], cond_one_n * n)}},
-        "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": 30000, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n)},
+        "broadcast_rate_limited": {"broadcasts": limited_n, "rate_limit": LIMIT, "per_s": limited_rate, "cpu_us_per_delivery": us(limited_cpu, limited_n * n), "limiter_waits": limited_waits, "one_at_a_time_same_process": {"broadcasts": free_n, "cpu_us_per_delivery": us(free_cpu, free_n * n), "limiter_waits": free_waits}},
         "idle_rss_kb": idle_rss,
         "rss_after": {"deliveries": s.rss_broadcasts.max(done) * n, "rss_kb": busy_rss, "x_idle": busy_rss as f64 / idle_rss.max(1) as f64},
     }))
