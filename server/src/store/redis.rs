@@ -256,8 +256,10 @@ fn parse_session(
 /// creation; `:w`, each trace's bytes; `:sum`, the shard's), updated by one
 /// script, so the sum is always that of the traces indexed. Once a shard is
 /// over its sixteenth, its oldest traces are deleted. A trace that expired
-/// leaves the index at the shard's next write. An event for a trace already
-/// deleted recreates its key uncounted (as for an expired one).
+/// leaves the index at the shard's next write; the bookkeeping keys expire a
+/// TTL after their shard's last write, when every trace they count has. An
+/// event for a trace already deleted recreates its key uncounted (as for an
+/// expired one).
 pub struct RedisTraces {
     pub redis: RedisHandle,
     pub ttl_secs: u64,
@@ -306,7 +308,9 @@ while total > max and #out < 64 do
   out[#out + 1] = p[1]
 end
 if total < 0 or redis.call('ZCARD', KEYS[1]) == 0 then total = 0 end
-redis.call('SET', KEYS[3], total)
+redis.call('SET', KEYS[3], total, 'PX', ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+redis.call('PEXPIRE', KEYS[2], ARGV[7])
 return out
 "#;
 
@@ -512,6 +516,9 @@ impl RedisTraces {
             .arg(bytes)
             .arg(self.max_bytes / TRACE_SHARDS)
             .arg(if create { "1" } else { "0" })
+            // The bookkeeping expires with the last trace it counts: a shard
+            // not written for a TTL indexes only expired traces.
+            .arg(self.ttl_secs.saturating_mul(1000).max(1))
             .invoke_async(&mut c)
             .await;
         let out = check("traces", "trace account", res)?;
