@@ -972,10 +972,9 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
             "
 In the cluster, each message's trace took {b:.0} B of Redis memory (`used_memory` \
              before and after the phase, over its messages; traces of 1,000 recipients each). \
-             Redis keeps a trace for `delivery.trace_ttl_secs` (7 days by default) within \
-             `delivery.redis_trace_max_bytes` (1 GiB by default, the oldest traces going first): \
-             size the bound for messages per second × the time your trace queries look back × \
-             this figure (the server README's *Sizing Redis*)."
+             Redis keeps a trace for `delivery.trace_ttl_secs` (7 days by default): size Redis for \
+             messages per second × that TTL × this figure, shorten the TTL, or bound the traces' bytes \
+             with `delivery.redis_trace_max_bytes` (the server README's *Sizing Redis*)."
         );
     }
     let up = &r["upstream"];

@@ -267,10 +267,8 @@ pub struct Delivery {
     pub trace_max: usize,
     pub trace_max_bytes: usize,
     /// Bytes of traces kept in Redis at most (cluster mode), the oldest
-    /// going first (1 GiB: traces are most of what Redis holds, and a week
-    /// of them at 1,000 messages/s would need about 260 GB); 0: bounded by
-    /// `trace_ttl_secs` only. Counted as the store writes them, in 16 shards
-    /// of a sixteenth each.
+    /// going first; 0: bounded by `trace_ttl_secs` only. Counted as the
+    /// store writes them, in 16 shards of a sixteenth each.
     pub redis_trace_max_bytes: u64,
     /// Messages kept per offline user; more are refused (reported, never dropped silently).
     pub inbox_max: usize,
@@ -301,7 +299,7 @@ impl Default for Delivery {
             trace_ttl_secs: 7 * 86_400,
             trace_max: 1_000_000,
             trace_max_bytes: 256 << 20,
-            redis_trace_max_bytes: 1 << 30,
+            redis_trace_max_bytes: 0,
             inbox_max: 1000,
             max_ttl_secs: 7 * 86_400,
             push_rate: 50_000,
