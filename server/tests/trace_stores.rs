@@ -537,3 +537,48 @@ async fn producers_that_wait_for_room_lose_no_trace_event_however_fast_they_go()
         }
     }
 }
+
+/// The bound is counted in the same pipeline as the write it counts; a
+/// Redis that lost its scripts (a restart, a failover, `SCRIPT FLUSH`)
+/// refuses that one command only. The write went through, and the count
+/// goes again with the script loaded: both writes below are stored and
+/// counted once each.
+#[tokio::test]
+async fn a_trace_write_after_redis_lost_its_scripts_is_counted_once() {
+    let redis = Redis::start(free_port()).await;
+    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
+        .await
+        .expect("redis");
+    let store = RedisTraces {
+        redis: handle,
+        ttl_secs: 600,
+        max_bytes: 16 << 20,
+    };
+    let counted = async || {
+        let mut sum = 0;
+        for shard in 0..16 {
+            sum += int(redis
+                .query(&["GET", &format!("mp:traces:{{t{shard}}}:sum")])
+                .await);
+        }
+        sum
+    };
+    // A fresh Redis has no script yet: the first write meets NOSCRIPT too.
+    store.create("lost-1", 1).await.expect("the first write");
+    let one = counted().await;
+    assert!(one > 0, "the first write is counted");
+    redis.query(&["SCRIPT", "FLUSH"]).await;
+    store
+        .create("lost-2", 2)
+        .await
+        .expect("a write after SCRIPT FLUSH");
+    let two = counted().await;
+    assert_eq!(two, 2 * one, "each trace counted once (same-length ids)");
+    for id in ["lost-1", "lost-2"] {
+        assert_eq!(
+            int(redis.query(&["EXISTS", &format!("mp:trace:{id}")]).await),
+            1,
+            "{id} written"
+        );
+    }
+}

@@ -495,20 +495,19 @@ fn fold_recipients(events: Vec<StoredEvent>) -> Vec<RecipientState> {
 }
 
 impl RedisTraces {
-    /// Counts `bytes` written to `trace_id` against the bound (when there
-    /// is one) and deletes the traces it pushes out.
-    async fn account(&self, trace_id: &str, bytes: u64, create: bool) -> Result<(), StoreError> {
-        if self.max_bytes == 0 {
-            return Ok(());
-        }
+    /// The counting script's call for `bytes` written to `trace_id`.
+    fn account_call(
+        &self,
+        trace_id: &str,
+        bytes: u64,
+        create: bool,
+    ) -> redis::ScriptInvocation<'static> {
         let shard = fnv64(&[trace_id.as_bytes()]) % TRACE_SHARDS;
         let now = unix_ms();
         let horizon = now
             .saturating_sub(i64::try_from(self.ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
-        let mut c = self.redis.conn();
-        let res: redis::RedisResult<Vec<String>> = TRACE_ACCOUNT
-            .key(format!("mp:traces:{{t{shard}}}:idx"))
-            .key(format!("mp:traces:{{t{shard}}}:w"))
+        let mut call = TRACE_ACCOUNT.key(format!("mp:traces:{{t{shard}}}:idx"));
+        call.key(format!("mp:traces:{{t{shard}}}:w"))
             .key(format!("mp:traces:{{t{shard}}}:sum"))
             .arg(now)
             .arg(horizon)
@@ -518,10 +517,51 @@ impl RedisTraces {
             .arg(if create { "1" } else { "0" })
             // The bookkeeping expires with the last trace it counts: a shard
             // not written for a TTL indexes only expired traces.
-            .arg(self.ttl_secs.saturating_mul(1000).max(1))
-            .invoke_async(&mut c)
-            .await;
-        let out = check("traces", "trace account", res)?;
+            .arg(self.ttl_secs.saturating_mul(1000).max(1));
+        call
+    }
+
+    /// Sends `p`, a write of `bytes` to `trace_id`, and counts them against
+    /// the bound (when there is one) in the same pipeline: the bound costs
+    /// a command, not a round trip. On a Redis Cluster the bookkeeping is
+    /// in another slot, so it is a call of its own after the write.
+    async fn write_counted(
+        &self,
+        mut p: redis::Pipeline,
+        trace_id: &str,
+        bytes: u64,
+        create: bool,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut c = self.redis.conn();
+        if self.max_bytes == 0 || bytes == 0 {
+            return check("traces", what, p.query_async::<()>(&mut c).await);
+        }
+        let call = self.account_call(trace_id, bytes, create);
+        let out = if self.redis.cluster_nodes().is_some() {
+            check("traces", what, p.query_async::<()>(&mut c).await)?;
+            check("traces", "trace account", call.invoke_async(&mut c).await)?
+        } else {
+            p.invoke_script(&call);
+            match p.query_async::<(Vec<String>,)>(&mut c).await {
+                Ok((out,)) => out,
+                // Redis lost its scripts (a restart, a failover, SCRIPT
+                // FLUSH). The pipeline is not a transaction: the write went
+                // through and only the count did not, so the count alone
+                // goes again, loading the script first.
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    check("traces", "trace account", call.invoke_async(&mut c).await)?
+                }
+                Err(e) => return check("traces", what, Err(e)),
+            }
+        };
+        self.evict(out).await
+    }
+
+    /// Deletes the traces the bound pushed out.
+    async fn evict(&self, out: Vec<String>) -> Result<(), StoreError> {
         if out.is_empty() {
             return Ok(());
         }
@@ -544,6 +584,7 @@ impl RedisTraces {
                 .await;
             return done.into_iter().collect();
         }
+        let mut c = self.redis.conn();
         let mut p = redis::pipe();
         for id in &out {
             p.cmd("UNLINK").arg(format!("mp:trace:{id}")).ignore();
@@ -581,17 +622,14 @@ impl RedisTraces {
 impl TraceStore for RedisTraces {
     async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError> {
         let key = format!("mp:trace:{trace_id}");
-        let mut c = self.redis.conn();
-        let res: redis::RedisResult<()> = redis::pipe()
-            .hset_nx(&key, "_meta", at_ms)
+        let mut p = redis::pipe();
+        p.hset_nx(&key, "_meta", at_ms)
             .ignore()
             .expire(&key, self.ttl_secs as i64)
-            .ignore()
-            .query_async(&mut c)
-            .await;
-        check("traces", "trace create", res)?;
+            .ignore();
         let bytes = 2 * (key.len() as u64 + FIELD_OVERHEAD) + 20;
-        self.account(trace_id, bytes, true).await
+        self.write_counted(p, trace_id, bytes, true, "trace create")
+            .await
     }
 
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError> {
@@ -613,9 +651,8 @@ impl TraceStore for RedisTraces {
             .collect();
         let results: Vec<Result<(), StoreError>> = futures_util::stream::iter(pipes)
             .map(|(t, p, bytes)| async move {
-                let mut c = self.redis.conn();
-                check("traces", "trace record", p.query_async::<()>(&mut c).await)?;
-                self.account(&t, bytes, false).await
+                self.write_counted(p, &t, bytes, false, "trace record")
+                    .await
             })
             .buffer_unordered(16)
             .collect()
@@ -688,11 +725,8 @@ impl TraceStore for RedisTraces {
                 .arg(self.ttl_secs)
                 .arg("NX")
                 .ignore();
-            let mut c = self.redis.conn();
-            check("traces", "trace count", p.query_async::<()>(&mut c).await)?;
-            if bytes > 0 {
-                self.account(&tc.trace_id, bytes, false).await?;
-            }
+            self.write_counted(p, &tc.trace_id, bytes, false, "trace count")
+                .await?;
         }
         Ok(())
     }
