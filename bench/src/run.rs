@@ -1302,8 +1302,9 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         tokio::time::sleep(refill).await;
     }
     tokio::time::sleep(full).await;
-    let waits = "mpush_flow_control_waits_total ";
-    let waits_before = scrape(&limited.api, waits).await?;
+    // The server's count of flow-control waits before and after each part.
+    let waits = async || scrape(&limited.api, "mpush_flow_control_waits_total ").await;
+    let w0 = waits().await?;
     let (mut free_cpu, mut free_n) = (0.0, 0);
     let mut one_free = async |w: &mut Workers, k: usize| -> Result<()> {
         for _ in 0..k {
@@ -1316,17 +1317,17 @@ async fn cpu_inner(me: &Path, bin: &Path, s: &Sizes) -> Result<Value> {
         Ok(())
     };
     one_free(&mut w, one / 2).await?;
-    let free_waits = scrape(&limited.api, waits).await? - waits_before;
+    let w1 = waits().await?;
     tokio::time::sleep(full).await;
     let limited_n = (back_to_back / 2).max(1);
     let c4 = cpu_secs(lpid);
     let (limited_rate, _) = broadcast_n(&mut w, &http, &url, s, n, limited_n).await?;
     let limited_cpu = cpu_secs(lpid) - c4;
-    let limited_waits = scrape(&limited.api, waits).await? - waits_before - free_waits;
+    let w2 = waits().await?;
     tokio::time::sleep(full).await;
-    let before_rest = scrape(&limited.api, waits).await?;
     one_free(&mut w, one - one / 2).await?;
-    let free_waits = free_waits + scrape(&limited.api, waits).await? - before_rest;
+    let w3 = waits().await?;
+    let (free_waits, limited_waits) = ((w1 - w0) + (w3 - w2), w2 - w1);
     anyhow::ensure!(
         free_waits == 0.0,
         "the limiter made {free_waits} of the unlimited broadcasts wait: the pause between them is too short"

@@ -29,9 +29,16 @@ fn node_settings(redis: &str, id: &str) -> Settings {
 }
 
 async fn nodes(redis: &Redis) -> Vec<Running> {
+    nodes_with(redis, |_| {}).await
+}
+
+/// Nodes A, B and C as [`nodes`] starts them, each with `tweak` applied.
+async fn nodes_with(redis: &Redis, tweak: impl Fn(&mut Settings)) -> Vec<Running> {
     let mut out = Vec::new();
     for id in ["A", "B", "C"] {
-        out.push(start(node_settings(&redis.url(), id)).await);
+        let mut s = node_settings(&redis.url(), id);
+        tweak(&mut s);
+        out.push(start(s).await);
     }
     // Wait until every node is registered.
     wait_for_nodes(&Api::new(&out[0]), 3).await;
@@ -1952,14 +1959,11 @@ async fn a_cached_route_never_hides_a_bind_an_unbind_or_a_new_login_on_another_n
     // a refresh rewrites the user's route, which rightly invalidates A's
     // cached copy, and under a loaded machine one between the two warm-up
     // batches left the cache fewer hits than the check below counts.
-    let mut n = Vec::new();
-    for id in ["A", "B", "C"] {
-        let mut s = node_settings(&redis.url(), id);
+    let n = nodes_with(&redis, |s| {
         s.cluster.route_refresh_secs = 30;
         s.cluster.route_ttl_secs = 90;
-        n.push(start(s).await);
-    }
-    wait_for_nodes(&Api::new(&n[0]), 3).await;
+    })
+    .await;
     let api_a = Api::new(&n[0]);
     let batch = |user: &str, content: &str| {
         api_a.post(

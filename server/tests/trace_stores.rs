@@ -252,6 +252,30 @@ fn int(v: redis::Value) -> i64 {
     }
 }
 
+/// A Redis trace store on `redis`.
+async fn traces_on(redis: &Redis, ttl_secs: u64, max_bytes: u64) -> RedisTraces {
+    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
+        .await
+        .expect("redis");
+    RedisTraces {
+        redis: handle,
+        ttl_secs,
+        max_bytes,
+    }
+}
+
+/// `cmd` (`GET`, `ZCARD`, `HLEN`) of the bound's bookkeeping key `part`
+/// (`sum`, `idx`, `w`), summed over its 16 shards.
+async fn over_shards(redis: &Redis, cmd: &str, part: &str) -> i64 {
+    let mut total = 0;
+    for shard in 0..16 {
+        total += int(redis
+            .query(&[cmd, &format!("mp:traces:{{t{shard}}}:{part}")])
+            .await);
+    }
+    total
+}
+
 /// Writes `traces` traces of 40 events each (about 6 KB of fields and
 /// values a trace), oldest first, named `<name>-<n>`.
 async fn fill(store: &RedisTraces, name: &str, traces: usize) {
@@ -316,15 +340,8 @@ async fn a_bounded_redis_trace_store_holds_its_bytes_whatever_is_written() {
 
     // The bookkeeping: the shards' sums within the bound, and exactly the
     // indexed traces have keys.
-    let (mut sum, mut indexed) = (0, 0);
-    for shard in 0..16 {
-        sum += int(redis
-            .query(&["GET", &format!("mp:traces:{{t{shard}}}:sum")])
-            .await);
-        indexed += int(redis
-            .query(&["ZCARD", &format!("mp:traces:{{t{shard}}}:idx")])
-            .await);
-    }
+    let sum = over_shards(&redis, "GET", "sum").await;
+    let indexed = over_shards(&redis, "ZCARD", "idx").await;
     assert!(sum as u64 <= MAX, "{sum}");
     let keys = match redis.query(&["KEYS", "mp:trace:*"]).await {
         redis::Value::Array(k) => k.len() as i64,
@@ -351,14 +368,7 @@ async fn a_bounded_redis_trace_store_holds_its_bytes_whatever_is_written() {
 #[tokio::test]
 async fn expired_traces_leave_the_bound_s_index() {
     let redis = Redis::start(free_port()).await;
-    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
-        .await
-        .expect("redis");
-    let store = RedisTraces {
-        redis: handle,
-        ttl_secs: 1,
-        max_bytes: 64 << 20,
-    };
+    let store = traces_on(&redis, 1, 64 << 20).await;
     fill(&store, "early", 100).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     // A shard forgets its expired traces at its next write: 300 traces
@@ -380,12 +390,7 @@ async fn expired_traces_leave_the_bound_s_index() {
         .count();
     assert_eq!(early, 0, "the expired traces left the index");
     assert_eq!(indexed.len(), 300, "the live ones are all there");
-    let mut weights = 0;
-    for shard in 0..16 {
-        weights += int(redis
-            .query(&["HLEN", &format!("mp:traces:{{t{shard}}}:w")])
-            .await);
-    }
+    let weights = over_shards(&redis, "HLEN", "w").await;
     assert_eq!(weights, 300, "and only theirs are weighed");
 }
 
@@ -546,23 +551,8 @@ async fn producers_that_wait_for_room_lose_no_trace_event_however_fast_they_go()
 #[tokio::test]
 async fn a_trace_write_after_redis_lost_its_scripts_is_counted_once() {
     let redis = Redis::start(free_port()).await;
-    let handle = RedisHandle::connect(&redis.url(), Duration::from_secs(2), None)
-        .await
-        .expect("redis");
-    let store = RedisTraces {
-        redis: handle,
-        ttl_secs: 600,
-        max_bytes: 16 << 20,
-    };
-    let counted = async || {
-        let mut sum = 0;
-        for shard in 0..16 {
-            sum += int(redis
-                .query(&["GET", &format!("mp:traces:{{t{shard}}}:sum")])
-                .await);
-        }
-        sum
-    };
+    let store = traces_on(&redis, 600, 16 << 20).await;
+    let counted = async || over_shards(&redis, "GET", "sum").await;
     // A fresh Redis has no script yet: the first write meets NOSCRIPT too.
     store.create("lost-1", 1).await.expect("the first write");
     let one = counted().await;
