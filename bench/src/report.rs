@@ -860,7 +860,8 @@ pub fn write(r: &Value, md: &Path, command: &str) -> Result<()> {
     );
     let _ = writeln!(
         o,
-        "Regenerate (about {m:.0} minutes):\n\n<!-- docs: skip a full run takes the machine for about {m:.0} minutes; the test command runs `mpush-bench run --quick` -->\n```sh\n{command}\n```\n",
+        "Regenerate (about {m:.0} minutes; the scale, cluster, curve and storm scenarios start their \
+         own `redis-server`, so it must be installed: `apt-get install redis-server`):\n\n<!-- docs: skip a full run takes the machine for about {m:.0} minutes; the test command runs `mpush-bench run --quick` -->\n```sh\n{command}\n```\n",
         m = (f(&r["seconds"]) / 60.0).ceil()
     );
     let _ = writeln!(o, "Machine: {}.\n", machine());

@@ -2182,6 +2182,28 @@ pub async fn run(a: RunArgs) -> Result<()> {
     };
     let started = Instant::now();
     let want = |g: &str| a.only.is_empty() || a.only.iter().any(|o| o == g);
+    // Fail before the first scenario, not minutes into the run, when a
+    // scenario that starts its own Redis cannot.
+    let need_redis: Vec<&str> = ["scale", "cluster", "curve", "storm"]
+        .into_iter()
+        .filter(|g| want(g))
+        .collect();
+    if !need_redis.is_empty() {
+        let found = std::process::Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|st| st.success());
+        if !found {
+            bail!(
+                "redis-server is not on PATH; the {} scenario(s) start their own \
+                 (apt-get install redis-server), or leave them out with \
+                 --only ideal,connections,delivery,cpu,upstream",
+                need_redis.join(", ")
+            );
+        }
+    }
     let (mut ideal_bytes, mut ideal_delivery_v) = (0.0, Value::Null);
     if want("ideal") {
         eprintln!("ideal server: {} connections", s.conns);
