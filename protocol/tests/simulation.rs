@@ -929,3 +929,41 @@ fn an_expired_token_restores_nothing() {
         "an expired binding does not travel to the next ticket"
     );
 }
+
+/// Pushes queued before the server's next write are sealed as one burst,
+/// the key schedule expanded once for all of them (`Sealer::seal_counted`):
+/// each opens at the client, in order, on both profiles, and so does a push
+/// after the burst, sealed on its own once the write took the schedule away.
+#[test]
+fn a_burst_of_pushes_before_one_write_arrives_whole_and_in_order() {
+    for v2 in [false, true] {
+        let mut p = handshake(7, v2, v2);
+        bind(&mut p, "u-burst");
+        let now = p.now;
+        for id in 1..=9u64 {
+            p.server
+                .push(
+                    OutboundPush {
+                        message_id: id,
+                        trace_id: format!("t-{id}").into(),
+                        content: Bytes::from(format!("hello {id}")),
+                        ack_mode: AckMode::Auto,
+                        expires_at_ms: 0,
+                        ack_timeout: None,
+                        queued_at: None,
+                    },
+                    now,
+                )
+                .expect("pushed");
+        }
+        p.pump();
+        push(&mut p, 10, AckMode::Auto).expect("pushed after the burst");
+        assert!(
+            p.run_until(5 * SEC, |p| messages(p).len() == 10),
+            "v2={v2}: every push arrives, got {:?}",
+            messages(&p)
+        );
+        let want: Vec<String> = (1..=10).map(|id| format!("hello {id}")).collect();
+        assert_eq!(messages(&p), want, "v2={v2}");
+    }
+}

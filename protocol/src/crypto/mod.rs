@@ -28,9 +28,9 @@ pub use key::{AES_KEY_LEN, AesKey, GCM_NONCE_LEN, GCM_TAG_LEN};
 #[cfg(feature = "classic")]
 pub use rsa::{MPUSH_DEFAULT_PRIVATE_KEY, MPUSH_DEFAULT_PUBLIC_KEY, RsaPrivate, RsaPublic};
 #[cfg(feature = "classic")]
-pub use session::SessionCipher;
+pub use session::{Expanded, SessionCipher};
 #[cfg(not(feature = "classic"))]
-pub use slim::{RsaPublic, SessionCipher};
+pub use slim::{Expanded, RsaPublic, SessionCipher};
 
 pub use drbg::HashDrbg;
 

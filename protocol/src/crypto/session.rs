@@ -81,28 +81,18 @@ impl SessionCipher {
     /// Seals a body under `nonce` (GCM; CBC ignores it), which must never
     /// repeat under this key: a counter per connection key does that.
     pub fn seal_with_nonce(&self, nonce: [u8; GCM_NONCE_LEN], aad: &[u8], plain: &[u8]) -> Vec<u8> {
+        self.expand().seal_with_nonce(nonce, aad, plain)
+    }
+
+    /// The key schedule (and GCM's hash key) expanded once, to seal several
+    /// packets of one burst with (`Sealer::seal_counted`); wiped on drop.
+    pub fn expand(&self) -> Expanded {
         match self {
-            Self::Cbc { key, iv } => {
-                cbc::Encryptor::<Aes128Enc>::inner_iv_init(aes_enc(key), &(*iv).into())
-                    .encrypt_padded_vec::<Pkcs7>(plain)
-            }
-            Self::Gcm { key } => {
-                let cipher = <Aes128Gcm as KeyInit>::new(&key.0.into());
-                // nonce ‖ ciphertext ‖ tag, sealed in place in one buffer.
-                let mut out = Vec::with_capacity(GCM_NONCE_LEN + plain.len() + GCM_TAG_LEN);
-                out.extend_from_slice(&nonce);
-                out.extend_from_slice(plain);
-                // Encryption only fails for inputs beyond GCM's 64 GiB limit.
-                match cipher.encrypt_inout_detached(
-                    &nonce.into(),
-                    aad,
-                    (&mut out[GCM_NONCE_LEN..]).into(),
-                ) {
-                    Ok(tag) => out.extend_from_slice(&tag),
-                    Err(_) => out.clear(),
-                }
-                out
-            }
+            Self::Cbc { key, iv } => Expanded::Cbc {
+                enc: aes_enc(key),
+                iv: *iv,
+            },
+            Self::Gcm { key } => Expanded::Gcm(<Aes128Gcm as KeyInit>::new(&key.0.into())),
         }
     }
 
@@ -129,6 +119,60 @@ impl SessionCipher {
                 cipher
                     .decrypt(&nonce.into(), Payload { msg: body, aad })
                     .map_err(|_| CryptoError::Decrypt)
+            }
+        }
+    }
+}
+
+/// A `SessionCipher`'s sealing side with its key schedule expanded: what
+/// sealing one packet builds and drops, kept for the packets of a burst.
+/// The AES schedule and GCM's hash key are wiped on drop (the crates'
+/// `zeroize`), the CBC IV here.
+pub enum Expanded {
+    Cbc { enc: Aes128Enc, iv: [u8; 16] },
+    Gcm(Aes128Gcm),
+}
+
+impl std::fmt::Debug for Expanded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cbc { .. } => f.write_str("Expanded::Cbc"),
+            Self::Gcm(_) => f.write_str("Expanded::Gcm"),
+        }
+    }
+}
+
+impl Drop for Expanded {
+    fn drop(&mut self) {
+        if let Self::Cbc { iv, .. } = self {
+            iv.zeroize();
+        }
+    }
+}
+
+impl Expanded {
+    /// `SessionCipher::seal_with_nonce`, without expanding the key again.
+    pub fn seal_with_nonce(&self, nonce: [u8; GCM_NONCE_LEN], aad: &[u8], plain: &[u8]) -> Vec<u8> {
+        match self {
+            Self::Cbc { enc, iv } => {
+                cbc::Encryptor::<Aes128Enc>::inner_iv_init(enc.clone(), &(*iv).into())
+                    .encrypt_padded_vec::<Pkcs7>(plain)
+            }
+            Self::Gcm(cipher) => {
+                // nonce ‖ ciphertext ‖ tag, sealed in place in one buffer.
+                let mut out = Vec::with_capacity(GCM_NONCE_LEN + plain.len() + GCM_TAG_LEN);
+                out.extend_from_slice(&nonce);
+                out.extend_from_slice(plain);
+                // Encryption only fails for inputs beyond GCM's 64 GiB limit.
+                match cipher.encrypt_inout_detached(
+                    &nonce.into(),
+                    aad,
+                    (&mut out[GCM_NONCE_LEN..]).into(),
+                ) {
+                    Ok(tag) => out.extend_from_slice(&tag),
+                    Err(_) => out.clear(),
+                }
+                out
             }
         }
     }

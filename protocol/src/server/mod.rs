@@ -308,6 +308,8 @@ impl ServerConnection {
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
         // The whole buffer goes (not a split that would leave its spare
         // capacity behind): an idle connection holds no output buffer.
+        // The burst's packets are sealed: its key schedule goes too.
+        self.sealer.cool();
         (!self.out.is_empty()).then(|| std::mem::take(&mut self.out).freeze())
     }
 
@@ -405,7 +407,11 @@ impl ServerConnection {
     }
 
     fn send_sealed(&mut self, cmd: Command, session_id: i32, flags: Flags, body: &[u8]) {
-        let packet = self.sealer.seal_counted(cmd, session_id, flags, body);
+        // A packet already waiting for the write: a burst (see `seal_counted`).
+        let burst = !self.out.is_empty();
+        let packet = self
+            .sealer
+            .seal_counted(cmd, session_id, flags, body, burst);
         Frame::Packet(packet).encode(&mut self.out);
     }
 
