@@ -53,12 +53,8 @@ pub struct Tracer {
 
 /// This node's broadcasts in progress: their deliveries and ACKs are counted
 /// here in place (a broadcast to 10k connections is 10k increments, not 10k
-/// queued events) and flushed by the writer a few times a second. Every
-/// trace event looks its trace up here, so the hash is Fx, not SipHash
-/// (about 1 % of the server's CPU in batch unicast): the writer trims the
-/// map to `BROADCASTS` entries every `FLUSH`, which bounds what chosen trace
-/// ids (a caller may name its own) could do to it.
-type Live = Arc<dashmap::DashMap<Arc<str>, Arc<LiveCounts>, rustc_hash::FxBuildHasher>>;
+/// queued events) and flushed by the writer a few times a second.
+type Live = Arc<dashmap::DashMap<Arc<str>, Arc<LiveCounts>>>;
 
 struct LiveCounts {
     counts: [AtomicU64; 7],
