@@ -45,20 +45,22 @@ fn bind(p: &mut Pair, user: &str) {
     assert_eq!(p.server.user(), Some(user));
 }
 
+/// Push `id`: content "hello {id}", trace "t-{id}".
+fn outbound(id: u64, mode: AckMode) -> OutboundPush {
+    OutboundPush {
+        message_id: id,
+        trace_id: format!("t-{id}").into(),
+        content: Bytes::from(format!("hello {id}")),
+        ack_mode: mode,
+        expires_at_ms: 0,
+        ack_timeout: None,
+        queued_at: None,
+    }
+}
+
 fn push(p: &mut Pair, id: u64, mode: AckMode) -> Result<i32, PushError> {
     let now = p.now;
-    let r = p.server.push(
-        OutboundPush {
-            message_id: id,
-            trace_id: format!("t-{id}").into(),
-            content: Bytes::from(format!("hello {id}")),
-            ack_mode: mode,
-            expires_at_ms: 0,
-            ack_timeout: None,
-            queued_at: None,
-        },
-        now,
-    );
+    let r = p.server.push(outbound(id, mode), now);
     p.pump();
     r
 }
@@ -942,18 +944,7 @@ fn a_burst_of_pushes_before_one_write_arrives_whole_and_in_order() {
         let now = p.now;
         for id in 1..=9u64 {
             p.server
-                .push(
-                    OutboundPush {
-                        message_id: id,
-                        trace_id: format!("t-{id}").into(),
-                        content: Bytes::from(format!("hello {id}")),
-                        ack_mode: AckMode::Auto,
-                        expires_at_ms: 0,
-                        ack_timeout: None,
-                        queued_at: None,
-                    },
-                    now,
-                )
+                .push(outbound(id, AckMode::Auto), now)
                 .expect("pushed");
         }
         p.pump();
