@@ -9,11 +9,11 @@
 
 use mpush_protocol::session::ClientType;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use super::callback::Callbacks;
@@ -326,10 +326,10 @@ async fn write(
     let mut tick = tokio::time::interval(FLUSH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Failures kept per broadcast on this node (beyond, only counted).
-    let mut failures_kept: FxHashMap<Arc<str>, usize> = FxHashMap::default();
+    let mut failures_kept: HashMap<Arc<str>, usize> = HashMap::default();
     let mut buf = Vec::with_capacity(BATCH);
     loop {
-        let mut counts: FxHashMap<Arc<str>, TraceCounts> = FxHashMap::default();
+        let mut counts: HashMap<Arc<str>, TraceCounts> = HashMap::default();
         tokio::select! {
             n = rx.recv_many(&mut buf, BATCH) => if n == 0 { return },
             _ = tick.tick() => {
@@ -449,7 +449,7 @@ async fn write(
 fn flush_live(
     live: &Live,
     node: &Arc<str>,
-    counts: &mut FxHashMap<Arc<str>, TraceCounts>,
+    counts: &mut HashMap<Arc<str>, TraceCounts>,
     callbacks: &Callbacks,
 ) {
     let mut quiet = Vec::new();
@@ -491,7 +491,7 @@ fn fold(
     t: &Arc<str>,
     c: &StateCounts,
     node: &Arc<str>,
-    counts: &mut FxHashMap<Arc<str>, TraceCounts>,
+    counts: &mut HashMap<Arc<str>, TraceCounts>,
     callbacks: &Callbacks,
 ) {
     if callbacks.active() {
@@ -501,7 +501,7 @@ fn fold(
 }
 
 fn entry<'a>(
-    counts: &'a mut FxHashMap<Arc<str>, TraceCounts>,
+    counts: &'a mut HashMap<Arc<str>, TraceCounts>,
     node: &Arc<str>,
     t: &Arc<str>,
 ) -> &'a mut TraceCounts {

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mpush_protocol::session::{DeviceInfo, KeptBinding, SessionRecord, SessionSecret};
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 
 use super::{
     BroadcastView, Failure, InboxError, InboxStore, MAX_FAILURES, MAX_HISTORY, RecipientState,
@@ -304,14 +303,14 @@ struct TraceEntry {
     recipients: Vec<Recipient>,
     /// (user, device) → index in `recipients`; a device-less offline
     /// placeholder is under (user, "").
-    index: FxHashMap<(Arc<str>, Arc<str>), usize>,
+    index: HashMap<(Arc<str>, Arc<str>), usize>,
     /// How many of `index`'s keys are such placeholders: while none is, a
     /// recipient's first event looks nothing more up.
     placeholders: usize,
     /// A broadcast's counts per node, and its failures.
-    counts: FxHashMap<Arc<str>, StateCounts>,
+    counts: HashMap<Arc<str>, StateCounts>,
     /// The nodes that handed every copy on, and whether theirs wait for ACKs.
-    handed: FxHashMap<Arc<str>, bool>,
+    handed: HashMap<Arc<str>, bool>,
     failures: Vec<Failure>,
     /// What this entry costs, roughly (counted into `MemoryTraces::bytes`).
     size: usize,
@@ -331,7 +330,7 @@ pub struct MemoryTraces {
 
 #[derive(Default)]
 struct TraceMap {
-    map: FxHashMap<Arc<str>, TraceEntry>,
+    map: HashMap<Arc<str>, TraceEntry>,
     /// Creation order, for expiry.
     order: VecDeque<(i64, Arc<str>)>,
     bytes: usize,
@@ -365,66 +364,12 @@ impl TraceMap {
         }
     }
 
-    /// Applies one event; returns the bytes it added.
-    fn record(&mut self, e: &TraceEvent) -> usize {
-        let Some(entry) = self.map.get_mut(&e.trace_id) else {
+    /// Applies events of one trace; returns the bytes they added.
+    fn record(&mut self, trace_id: &str, events: &[TraceEvent]) -> usize {
+        let Some(entry) = self.map.get_mut(trace_id) else {
             return 0;
         };
-        let key = (e.user_id.clone(), e.device_id.clone());
-        // The offline placeholder (no device) becomes the device that got it.
-        let idx = entry.index.get(&key).copied().or_else(|| {
-            if entry.placeholders == 0 || e.device_id.is_empty() {
-                return None;
-            }
-            let placeholder = (e.user_id.clone(), Arc::<str>::from(""));
-            let i = entry.index.remove(&placeholder)?;
-            entry.placeholders -= 1;
-            entry.index.insert(key.clone(), i);
-            Some(i)
-        });
-        let detail = e.detail.as_deref().map(Box::<str>::from);
-        let added = match idx {
-            Some(i) => {
-                let r = &mut entry.recipients[i];
-                if r.device_id.is_empty() {
-                    r.device_id = e.device_id.clone();
-                    r.client_type = e.client_type;
-                }
-                // Keep how it started and how it is going.
-                let dropped = if r.history.len() >= MAX_HISTORY {
-                    event_bytes(r.history.remove(MAX_HISTORY / 2).2.as_deref())
-                } else {
-                    0
-                };
-                let added = event_bytes(detail.as_deref()).saturating_sub(dropped);
-                r.history.push((e.state, e.at_ms, detail.clone()));
-                if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
-                    r.state = e.state;
-                    r.detail = detail;
-                    r.updated_at_ms = e.at_ms;
-                }
-                added
-            }
-            None => {
-                let added = 160
-                    + 3 * (e.user_id.len() + e.device_id.len())
-                    + 2 * event_bytes(detail.as_deref());
-                entry.placeholders += usize::from(key.1.is_empty());
-                entry.index.insert(key, entry.recipients.len());
-                entry.recipients.push(Recipient {
-                    user_id: e.user_id.clone(),
-                    device_id: e.device_id.clone(),
-                    client_type: e.client_type,
-                    state: e.state,
-                    detail: detail.clone(),
-                    updated_at_ms: e.at_ms,
-                    history: smallvec::smallvec![(e.state, e.at_ms, detail)],
-                });
-                added
-            }
-        };
-        entry.size += added;
-        added
+        events.iter().map(|e| entry.record(e)).sum()
     }
 
     fn count(&mut self, c: &TraceCounts) -> usize {
@@ -451,6 +396,67 @@ impl TraceMap {
             entry.failures.push(f.clone());
         }
         entry.size += added;
+        added
+    }
+}
+
+impl TraceEntry {
+    /// Applies one event; returns the bytes it added.
+    fn record(&mut self, e: &TraceEvent) -> usize {
+        let key = (e.user_id.clone(), e.device_id.clone());
+        // The offline placeholder (no device) becomes the device that got it.
+        let idx = self.index.get(&key).copied().or_else(|| {
+            if self.placeholders == 0 || e.device_id.is_empty() {
+                return None;
+            }
+            let placeholder = (e.user_id.clone(), Arc::<str>::from(""));
+            let i = self.index.remove(&placeholder)?;
+            self.placeholders -= 1;
+            self.index.insert(key.clone(), i);
+            Some(i)
+        });
+        let detail = e.detail.as_deref().map(Box::<str>::from);
+        let added = match idx {
+            Some(i) => {
+                let r = &mut self.recipients[i];
+                if r.device_id.is_empty() {
+                    r.device_id = e.device_id.clone();
+                    r.client_type = e.client_type;
+                }
+                // Keep how it started and how it is going.
+                let dropped = if r.history.len() >= MAX_HISTORY {
+                    event_bytes(r.history.remove(MAX_HISTORY / 2).2.as_deref())
+                } else {
+                    0
+                };
+                let added = event_bytes(detail.as_deref()).saturating_sub(dropped);
+                r.history.push((e.state, e.at_ms, detail.clone()));
+                if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
+                    r.state = e.state;
+                    r.detail = detail;
+                    r.updated_at_ms = e.at_ms;
+                }
+                added
+            }
+            None => {
+                let added = 160
+                    + 3 * (e.user_id.len() + e.device_id.len())
+                    + 2 * event_bytes(detail.as_deref());
+                self.placeholders += usize::from(key.1.is_empty());
+                self.index.insert(key, self.recipients.len());
+                self.recipients.push(Recipient {
+                    user_id: e.user_id.clone(),
+                    device_id: e.device_id.clone(),
+                    client_type: e.client_type,
+                    state: e.state,
+                    detail: detail.clone(),
+                    updated_at_ms: e.at_ms,
+                    history: smallvec::smallvec![(e.state, e.at_ms, detail)],
+                });
+                added
+            }
+        };
+        self.size += added;
         added
     }
 }
@@ -558,8 +564,9 @@ impl MemoryTraces {
     fn apply(&self, events: &[TraceEvent]) {
         let mut m = self.inner.lock();
         let mut added = 0;
-        for e in events {
-            added += m.record(e);
+        // A batch's events come in runs of one trace: one lookup per run.
+        for run in events.chunk_by(|a, b| a.trace_id == b.trace_id) {
+            added += m.record(&run[0].trace_id, run);
         }
         m.bytes += added;
         m.shrink(self.max_bytes);
@@ -579,10 +586,10 @@ impl TraceStore for MemoryTraces {
                 created_at_ms: at_ms,
                 expires_at_ms,
                 recipients: Vec::new(),
-                index: FxHashMap::default(),
+                index: HashMap::default(),
                 placeholders: 0,
-                counts: FxHashMap::default(),
-                handed: FxHashMap::default(),
+                counts: HashMap::default(),
+                handed: HashMap::default(),
                 failures: Vec::new(),
                 size,
             });
@@ -769,6 +776,103 @@ mod tests {
             detail: detail.map(Into::into),
             at_ms: unix_ms(),
         }
+    }
+
+    /// `n` trace ids of 65 printable ASCII bytes that an unkeyed string hash
+    /// (rustc-hash 2's Fx, which this store used) maps to one value: a
+    /// caller choosing trace ids (or user ids) like these turns every lookup
+    /// of a map under that hash into a scan of all of them, under the lock
+    /// every push's trace event takes.
+    ///
+    /// How: Fx folds 16-byte chunks as `t = lo ^ hi` of the 128-bit product
+    /// `(s0 ^ x) * (K ^ y)`, and the third chunk's `s0` is the first chunk's
+    /// `t`. Choose the first chunk so that `t` is printable and make it the
+    /// third chunk's `x`: that product is 0 whatever its `y`, so the third
+    /// chunk's last 8 bytes are free and every id differs only there.
+    fn ids_colliding_under_fx(n: usize) -> Vec<String> {
+        const SEED1: u64 = 0x243f_6a88_85a3_08d3;
+        const K: u64 = 0xa409_3822_299f_31d0;
+        let mix = |x: u64, y: u64| {
+            let p = u128::from(x) * u128::from(y);
+            (p as u64) ^ ((p >> 64) as u64)
+        };
+        // Eight printable bytes numbered `i` (base 94 from '!').
+        let word = |mut i: u64| {
+            let mut b = [0u8; 8];
+            for c in &mut b {
+                *c = b'!' + (i % 94) as u8;
+                i /= 94;
+            }
+            b
+        };
+        let y1 = *b"chunk1-y";
+        let t = (0..)
+            .map(|i| {
+                (
+                    word(i),
+                    mix(
+                        SEED1 ^ u64::from_le_bytes(word(i)),
+                        K ^ u64::from_le_bytes(y1),
+                    ),
+                )
+            })
+            .find(|(_, t)| t.to_le_bytes().iter().all(u8::is_ascii_graphic))
+            .expect("one in a few thousand is printable");
+        (0..n as u64)
+            .map(|i| {
+                let mut id = Vec::with_capacity(65);
+                id.extend_from_slice(&t.0);
+                id.extend_from_slice(&y1);
+                id.extend_from_slice(b"second-chunk-xy!");
+                id.extend_from_slice(&t.1.to_le_bytes());
+                id.extend_from_slice(&word(i));
+                id.extend_from_slice(b"the-last-17-bytes");
+                String::from_utf8(id).expect("printable ASCII")
+            })
+            .collect()
+    }
+
+    /// Plays the caller who chooses trace ids and user ids to collide: ids
+    /// that all share one value under an unkeyed hash spread under the
+    /// store's keyed one, for the trace map and for a trace's recipients.
+    #[tokio::test]
+    async fn ids_crafted_to_collide_under_an_unkeyed_hash_spread_here() {
+        use std::hash::BuildHasher;
+        const N: usize = 4_096;
+        let ids = ids_colliding_under_fx(N);
+        let fx = rustc_hash::FxBuildHasher;
+        let unkeyed: HashSet<u64> = ids.iter().map(|i| fx.hash_one(i.as_str())).collect();
+        assert_eq!(
+            unkeyed.len(),
+            1,
+            "the ids must collide where they were crafted to"
+        );
+        let pairs: HashSet<u64> = ids
+            .iter()
+            .map(|i| fx.hash_one((i.as_str(), "device")))
+            .collect();
+        assert_eq!(pairs.len(), 1, "and so must (user, device) pairs of them");
+
+        let t = MemoryTraces::new(3600, 2 * N, 1 << 30);
+        let now = unix_ms();
+        for id in &ids {
+            t.create(id, now).await.expect("memory store");
+        }
+        t.create("batch", now).await.expect("memory store");
+        let events: Vec<TraceEvent> = ids.iter().map(|u| ev("batch", u, None)).collect();
+        t.record(&events).await.expect("memory store");
+
+        let m = t.inner.lock();
+        assert_eq!(m.map.len(), N + 1);
+        let keyed: HashSet<u64> = ids
+            .iter()
+            .map(|i| m.map.hasher().hash_one(i.as_str()))
+            .collect();
+        assert_eq!(keyed.len(), N, "trace ids spread over the trace map");
+        let index = &m.map["batch"].index;
+        assert_eq!(index.len(), N);
+        let keyed: HashSet<u64> = index.keys().map(|k| index.hasher().hash_one(k)).collect();
+        assert_eq!(keyed.len(), N, "recipients spread over a trace's index");
     }
 
     /// An offline recipient's placeholder (no device) becomes the device
