@@ -51,6 +51,70 @@ pub struct Tracer {
     callbacks: Arc<Callbacks>,
 }
 
+/// What is left of a state change once a broadcast's has been counted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Counted in place (a broadcast's delivery or ACK).
+    Done,
+    /// A broadcast's failure: named in its trace.
+    Failure,
+    /// A recipient's: to the store.
+    Store,
+}
+
+/// State changes of one hand-over loop, recorded together when it flushes,
+/// every [`TraceBatch::MAX`] of them, and when it is dropped (a caller's
+/// future dropped halfway loses none). Each is stamped when it happened,
+/// so the store keeps every recipient's history in time order.
+pub struct TraceBatch<'a> {
+    tracer: &'a Tracer,
+    events: Vec<TraceEvent>,
+}
+
+impl TraceBatch<'_> {
+    /// Bounds what a batch holds, and how long the store's lock is held.
+    const MAX: usize = 256;
+
+    /// A state change of a push on connection `info` of `user`.
+    pub fn conn(
+        &mut self,
+        trace_id: &Arc<str>,
+        user: &Arc<str>,
+        info: &ConnInfo,
+        state: TraceState,
+        detail: Option<Cow<'static, str>>,
+        at_ms: i64,
+    ) {
+        if self.events.capacity() == 0 {
+            self.events.reserve(Self::MAX);
+        }
+        self.events.push(TraceEvent {
+            trace_id: trace_id.clone(),
+            user_id: user.clone(),
+            device_id: info.device_id.clone(),
+            client_type: info.client_type,
+            state,
+            detail,
+            at_ms,
+        });
+        if self.events.len() >= Self::MAX {
+            self.flush();
+        }
+    }
+
+    pub fn flush(&mut self) {
+        if !self.events.is_empty() {
+            self.tracer.record_all(&mut self.events);
+        }
+    }
+}
+
+impl Drop for TraceBatch<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// This node's broadcasts in progress: their deliveries and ACKs are counted
 /// here in place (a broadcast to 10k connections is 10k increments, not 10k
 /// queued events) and flushed by the writer a few times a second.
@@ -230,28 +294,18 @@ impl Tracer {
         state: TraceState,
         detail: Option<Cow<'static, str>>,
     ) {
-        let broadcast = match self.live.get(trace_id) {
-            Some(c) => {
-                c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            None => false,
-        };
-        let failed = matches!(
+        let live = self.live.get(trace_id);
+        let next = self.note(
+            live.as_deref().map(|c| &**c),
+            trace_id,
+            user_id,
+            device_id,
+            client_type,
             state,
-            TraceState::Failed | TraceState::Timeout | TraceState::Offline
+            detail.as_ref(),
         );
-        if !broadcast && self.callbacks.active() {
-            self.callbacks.on_state(
-                trace_id,
-                user_id,
-                device_id,
-                client_type,
-                state,
-                detail.as_ref(),
-            );
-        }
-        if broadcast && !failed {
+        drop(live);
+        if next == Next::Done {
             return;
         }
         let e = TraceEvent {
@@ -263,16 +317,102 @@ impl Tracer {
             detail,
             at_ms: unix_ms(),
         };
-        // A broadcast's failures also travel, named (they are few).
-        if broadcast {
+        if next == Next::Failure {
             self.send(Item::BroadcastFailure(e));
-        } else if !self.store.record_now(&e) {
+        } else if !self.store.record_now(std::slice::from_ref(&e)) {
             // In place where the store allows it (memory): a writer task
             // waits its turn behind every ready connection task, and under
             // a flood of unicasts its queue filled and dropped events (a
             // quarter of them in the bench's batch phase).
             self.send(Item::Event(e));
         }
+    }
+
+    /// Counts a state change of a broadcast in progress here in place, and
+    /// tells the callbacks of a recipient's: what is left to store.
+    #[allow(clippy::too_many_arguments)]
+    fn note(
+        &self,
+        live: Option<&LiveCounts>,
+        trace_id: &Arc<str>,
+        user_id: &str,
+        device_id: &str,
+        client_type: ClientType,
+        state: TraceState,
+        detail: Option<&Cow<'static, str>>,
+    ) -> Next {
+        let failed = matches!(
+            state,
+            TraceState::Failed | TraceState::Timeout | TraceState::Offline
+        );
+        match live {
+            Some(c) => {
+                c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
+                // A broadcast's failures also travel, named (they are few).
+                if failed { Next::Failure } else { Next::Done }
+            }
+            None => {
+                if self.callbacks.active() {
+                    self.callbacks.on_state(
+                        trace_id,
+                        user_id,
+                        device_id,
+                        client_type,
+                        state,
+                        detail,
+                    );
+                }
+                Next::Store
+            }
+        }
+    }
+
+    /// A batch of state changes recorded together (the hand-overs of one
+    /// push to many recipients): the memory store applies them under one
+    /// lock, looking each trace up once per run of its events.
+    pub fn batch(&self) -> TraceBatch<'_> {
+        TraceBatch {
+            tracer: self,
+            events: Vec::new(),
+        }
+    }
+
+    fn record_all(&self, events: &mut Vec<TraceEvent>) {
+        let mut live: Option<(Arc<str>, Option<Arc<LiveCounts>>)> = None;
+        let mut failures = Vec::new();
+        events.retain(|e| {
+            if live.as_ref().is_none_or(|(t, _)| *t != e.trace_id) {
+                let c = self.live.get(&e.trace_id).map(|c| c.value().clone());
+                live = Some((e.trace_id.clone(), c));
+            }
+            let c = live.as_ref().and_then(|(_, c)| c.as_deref());
+            let d = e.detail.as_ref();
+            match self.note(
+                c,
+                &e.trace_id,
+                &e.user_id,
+                &e.device_id,
+                e.client_type,
+                e.state,
+                d,
+            ) {
+                Next::Done => false,
+                Next::Failure => {
+                    failures.push(e.clone());
+                    false
+                }
+                Next::Store => true,
+            }
+        });
+        for f in failures {
+            self.send(Item::BroadcastFailure(f));
+        }
+        if !events.is_empty() && !self.store.record_now(events) {
+            for e in events.drain(..) {
+                self.send(Item::Event(e));
+            }
+        }
+        events.clear();
     }
 
     /// A state change of a push on connection `info` of `user`.
@@ -620,5 +760,79 @@ mod tests {
             let states: Vec<TraceState> = r.history.iter().map(|h| h.0).collect();
             assert_eq!(states, [TraceState::Dispatched, TraceState::Delivered]);
         }
+    }
+
+    fn conn_info(device: &str) -> ConnInfo {
+        let device = mpush_protocol::session::DeviceInfo {
+            device_id: device.into(),
+            os_name: "Android".into(),
+            os_version: "14".into(),
+            client_version: "0.8.1".into(),
+        };
+        ConnInfo::new(
+            1,
+            &device,
+            mpush_protocol::session::Profile::V2,
+            crate::route::Transport::Tcp,
+            0,
+        )
+    }
+
+    /// A hand-over loop's DISPATCHED events are recorded together, when
+    /// the batch flushes or is dropped: a connection that wrote its copy
+    /// first (DELIVERED recorded before) still shows DISPATCHED, then
+    /// DELIVERED, and its state stays DELIVERED. A broadcast's hand-overs
+    /// in a batch are counted, its failures named.
+    #[tokio::test]
+    async fn a_batch_of_hand_overs_lands_in_time_order_when_dropped() {
+        let store = Arc::new(MemoryTraces::new(3600, 1_000, 1 << 30));
+        let tracer = Tracer::new(
+            store.clone(),
+            "n".into(),
+            Duration::from_secs(1),
+            callbacks(),
+        );
+        let trace = tracer.start(None).await.expect("trace");
+        let info = conn_info("d1");
+        let users: Vec<Arc<str>> = (0..600).map(|u| format!("u{u}").into()).collect();
+        let handed = unix_ms();
+        {
+            let mut batch = tracer.batch();
+            for u in &users {
+                batch.conn(&trace, u, &info, TraceState::Dispatched, None, handed);
+            }
+            // The first 512 are flushed already (two batches' worth); the
+            // rest wait while their connections write.
+            for u in &users {
+                tracer.conn(&trace, u, &info, TraceState::Delivered, None);
+            }
+        }
+        let view = tracer.get(&trace).await.expect("get").expect("the trace");
+        assert_eq!(view.recipients.len(), users.len());
+        for r in &view.recipients {
+            assert_eq!(r.state, TraceState::Delivered, "{}", r.user_id);
+            let states: Vec<TraceState> = r.history.iter().map(|h| h.0).collect();
+            assert_eq!(
+                states,
+                [TraceState::Dispatched, TraceState::Delivered],
+                "{}",
+                r.user_id
+            );
+        }
+
+        // A broadcast's: its hand-overs become counts, a failure is named.
+        let b = tracer.start(None).await.expect("trace");
+        tracer.broadcast(&b, 2);
+        {
+            let mut batch = tracer.batch();
+            batch.conn(&b, &users[0], &info, TraceState::Delivered, None, handed);
+            let why = Some("slow consumer".into());
+            batch.conn(&b, &users[1], &info, TraceState::Failed, why, handed);
+        }
+        let live = tracer.live.get(&b).expect("live").value().take();
+        assert_eq!(live.get(TraceState::Delivered), 1);
+        assert_eq!(live.get(TraceState::Failed), 1);
+        let view = tracer.get(&b).await.expect("get").expect("the trace");
+        assert!(view.recipients.is_empty(), "{:?}", view.recipients);
     }
 }

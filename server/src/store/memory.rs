@@ -430,7 +430,15 @@ impl TraceEntry {
                     0
                 };
                 let added = event_bytes(detail.as_deref()).saturating_sub(dropped);
-                r.history.push((e.state, e.at_ms, detail.clone()));
+                // In time order (a state's rank breaks a tie), as the Redis
+                // store reads them: a hand-over's DISPATCHED, recorded with
+                // its batch, can come after the DELIVERED of its write.
+                let at = r
+                    .history
+                    .iter()
+                    .rposition(|h| (h.1, h.0.rank()) <= (e.at_ms, e.state.rank()))
+                    .map_or(0, |p| p + 1);
+                r.history.insert(at, (e.state, e.at_ms, detail.clone()));
                 if e.state.rank() >= r.state.rank() || r.state == TraceState::Offline {
                     r.state = e.state;
                     r.detail = detail;
@@ -610,8 +618,8 @@ impl TraceStore for MemoryTraces {
         Ok(())
     }
 
-    fn record_now(&self, event: &TraceEvent) -> bool {
-        self.apply(std::slice::from_ref(event));
+    fn record_now(&self, events: &[TraceEvent]) -> bool {
+        self.apply(events);
         true
     }
 

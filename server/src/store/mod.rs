@@ -273,11 +273,12 @@ pub trait TraceStore: Send + Sync + 'static {
     async fn create(&self, trace_id: &str, at_ms: i64) -> Result<(), StoreError>;
     /// Applies state changes, in order (one batch: one lock or one round trip).
     async fn record(&self, events: &[TraceEvent]) -> Result<(), StoreError>;
-    /// Applies one state change now, where that costs no I/O (the memory
-    /// store: one short lock): true when it did. A store that answers false
-    /// gets its events in batches from the node's trace writer instead.
-    fn record_now(&self, event: &TraceEvent) -> bool {
-        let _ = event;
+    /// Applies state changes now, in order, where that costs no I/O (the
+    /// memory store: one short lock): true when it did (all of them). A
+    /// store that answers false gets its events in batches from the node's
+    /// trace writer instead.
+    fn record_now(&self, events: &[TraceEvent]) -> bool {
+        let _ = events;
         false
     }
     /// This store on connections of its own, opened on the calling

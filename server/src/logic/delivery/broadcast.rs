@@ -107,8 +107,9 @@ impl DeliveryService {
         // Flow control in slices large enough that waiting costs nothing per message.
         for chunk in targets.chunks(1024) {
             self.broadcast_limiter.acquire(chunk.len()).await;
+            let mut trace = self.tracer.batch();
             for (user, h) in chunk {
-                self.hand_over(h, user, &push, true);
+                self.hand_over(h, user, &push, true, &mut trace);
             }
         }
         self.tracer

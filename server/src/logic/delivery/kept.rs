@@ -106,6 +106,7 @@ impl DeliveryService {
             }
         };
         let mut handed = 0;
+        let mut trace = self.tracer.batch();
         for m in kept {
             if only.is_some_and(|id| id != m.message_id) {
                 continue;
@@ -121,7 +122,7 @@ impl DeliveryService {
             });
             for h in &local {
                 if m.client_type.is_none_or(|ct| ct == h.info.client_type)
-                    && self.hand_over(h, user, &push, false)
+                    && self.hand_over(h, user, &push, false, &mut trace)
                 {
                     handed += 1;
                 }

@@ -25,7 +25,7 @@ use super::Node;
 use super::callback::CallbackTarget;
 use super::filter::Filter;
 use super::flow::RateLimiter;
-use super::trace::Tracer;
+use super::trace::{TraceBatch, Tracer};
 use crate::clock::unix_ms;
 use crate::cluster::{BroadcastMsg, Cluster};
 use crate::route::{ConnCommand, ConnHandle, ConnInfo, Route, Router, SendError, Target};
@@ -273,6 +273,7 @@ impl DeliveryService {
         });
         let mut attempts = Vec::with_capacity(users.len());
         let mut remote: HashMap<String, Vec<(usize, Route)>> = HashMap::new();
+        let mut trace = self.tracer.batch();
         for (i, (user, targets)) in users.iter().zip(routes).enumerate() {
             let mut a = Attempt {
                 outcome: UserOutcome::new(user),
@@ -303,7 +304,7 @@ impl DeliveryService {
             for t in targets {
                 match t {
                     Target::Local(h) => {
-                        if self.hand_over(&h, user, &push, false) {
+                        if self.hand_over(&h, user, &push, false, &mut trace) {
                             a.outcome.dispatched += 1;
                         } else {
                             a.unreached += 1;
@@ -314,6 +315,7 @@ impl DeliveryService {
             }
             attempts.push(a);
         }
+        drop(trace);
         for (node, routes) in remote {
             self.forward(&node, users, &push, routes, &mut attempts)
                 .await;
@@ -513,6 +515,7 @@ impl DeliveryService {
                 .callbacks()
                 .watch(&push.trace_id, target, ack, false);
         }
+        let mut trace = self.tracer.batch();
         b.recipients
             .iter()
             .map(|r| {
@@ -522,7 +525,7 @@ impl DeliveryService {
                     // 0 (or a type this node does not know): any device.
                     let only = ClientType::from_code(r.client_type);
                     if only.is_none_or(|ct| ct == h.info.client_type)
-                        && self.hand_over(&h, &user, &push, false)
+                        && self.hand_over(&h, &user, &push, false, &mut trace)
                     {
                         n += 1;
                     }
@@ -540,7 +543,10 @@ impl DeliveryService {
         user: &Arc<str>,
         push: &Arc<OutboundPush>,
         broadcast: bool,
+        trace: &mut TraceBatch<'_>,
     ) -> bool {
+        // Before the connection can write it (and record DELIVERED).
+        let at_ms = if broadcast { 0 } else { unix_ms() };
         let (state, detail): (TraceState, Option<Cow<'static, str>>) = match h
             .tx
             .try_send(ConnCommand::Push(push.clone()))
@@ -560,8 +566,8 @@ impl DeliveryService {
             }
             Err(SendError::Closed(_)) => (TraceState::Offline, Some("connection closed".into())),
         };
-        self.tracer
-            .conn(&push.trace_id, user, &h.info, state, detail);
+        let at_ms = if broadcast { unix_ms() } else { at_ms };
+        trace.conn(&push.trace_id, user, &h.info, state, detail, at_ms);
         state == TraceState::Dispatched
     }
 }
