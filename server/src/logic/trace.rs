@@ -85,9 +85,6 @@ impl TraceBatch<'_> {
         detail: Option<Cow<'static, str>>,
         at_ms: i64,
     ) {
-        if self.events.capacity() == 0 {
-            self.events.reserve(Self::MAX);
-        }
         self.events.push(TraceEvent {
             trace_id: trace_id.clone(),
             user_id: user.clone(),
