@@ -18,9 +18,14 @@ impl DeliveryService {
     ) -> Option<Settling<'a>> {
         match outcome {
             Outcome::Written { traces, kept } => {
+                // One write's copies: recorded together (one lock in the
+                // memory store, one clock read).
+                let at_ms = unix_ms();
+                let mut batch = self.tracer.batch();
                 for t in traces {
-                    self.tracer.conn(t, user, info, TraceState::Delivered, None);
+                    batch.conn(t, user, info, TraceState::Delivered, None, at_ms);
                 }
+                drop(batch);
                 (!kept.is_empty()).then(|| -> Settling<'a> {
                     Box::pin(async move {
                         for id in kept {
