@@ -62,6 +62,26 @@ enum Next {
     Store,
 }
 
+impl Next {
+    /// Counts a state change of a broadcast in progress here (`live`) in
+    /// place: what is left to do with it.
+    fn of(live: Option<&LiveCounts>, state: TraceState) -> Self {
+        let Some(c) = live else {
+            return Self::Store;
+        };
+        c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
+        // A broadcast's failures also travel, named (they are few).
+        if matches!(
+            state,
+            TraceState::Failed | TraceState::Timeout | TraceState::Offline
+        ) {
+            Self::Failure
+        } else {
+            Self::Done
+        }
+    }
+}
+
 /// State changes of one hand-over loop, recorded together when it flushes,
 /// every [`TraceBatch::MAX`] of them, and when it is dropped (a caller's
 /// future dropped halfway loses none). Each is stamped when it happened,
@@ -99,7 +119,7 @@ impl TraceBatch<'_> {
         }
     }
 
-    pub fn flush(&mut self) {
+    fn flush(&mut self) {
         if !self.events.is_empty() {
             self.tracer.record_all(&mut self.events);
         }
@@ -291,17 +311,7 @@ impl Tracer {
         state: TraceState,
         detail: Option<Cow<'static, str>>,
     ) {
-        let live = self.live.get(trace_id);
-        let next = self.note(
-            live.as_deref().map(|c| &**c),
-            trace_id,
-            user_id,
-            device_id,
-            client_type,
-            state,
-            detail.as_ref(),
-        );
-        drop(live);
+        let next = Next::of(self.live.get(trace_id).as_deref().map(|c| &**c), state);
         if next == Next::Done {
             return;
         }
@@ -316,7 +326,10 @@ impl Tracer {
         };
         if next == Next::Failure {
             self.send(Item::BroadcastFailure(e));
-        } else if !self.store.record_now(std::slice::from_ref(&e)) {
+            return;
+        }
+        self.tell(&e);
+        if !self.store.record_now(std::slice::from_ref(&e)) {
             // In place where the store allows it (memory): a writer task
             // waits its turn behind every ready connection task, and under
             // a flood of unicasts its queue filled and dropped events (a
@@ -325,42 +338,17 @@ impl Tracer {
         }
     }
 
-    /// Counts a state change of a broadcast in progress here in place, and
-    /// tells the callbacks of a recipient's: what is left to store.
-    #[allow(clippy::too_many_arguments)]
-    fn note(
-        &self,
-        live: Option<&LiveCounts>,
-        trace_id: &Arc<str>,
-        user_id: &str,
-        device_id: &str,
-        client_type: ClientType,
-        state: TraceState,
-        detail: Option<&Cow<'static, str>>,
-    ) -> Next {
-        let failed = matches!(
-            state,
-            TraceState::Failed | TraceState::Timeout | TraceState::Offline
-        );
-        match live {
-            Some(c) => {
-                c.counts[state as usize].fetch_add(1, Ordering::Relaxed);
-                // A broadcast's failures also travel, named (they are few).
-                if failed { Next::Failure } else { Next::Done }
-            }
-            None => {
-                if self.callbacks.active() {
-                    self.callbacks.on_state(
-                        trace_id,
-                        user_id,
-                        device_id,
-                        client_type,
-                        state,
-                        detail,
-                    );
-                }
-                Next::Store
-            }
+    /// Tells the callbacks of a recipient's state change.
+    fn tell(&self, e: &TraceEvent) {
+        if self.callbacks.active() {
+            self.callbacks.on_state(
+                &e.trace_id,
+                &e.user_id,
+                &e.device_id,
+                e.client_type,
+                e.state,
+                e.detail.as_ref(),
+            );
         }
     }
 
@@ -383,22 +371,16 @@ impl Tracer {
                 live = Some((e.trace_id.clone(), c));
             }
             let c = live.as_ref().and_then(|(_, c)| c.as_deref());
-            let d = e.detail.as_ref();
-            match self.note(
-                c,
-                &e.trace_id,
-                &e.user_id,
-                &e.device_id,
-                e.client_type,
-                e.state,
-                d,
-            ) {
+            match Next::of(c, e.state) {
                 Next::Done => false,
                 Next::Failure => {
                     failures.push(e.clone());
                     false
                 }
-                Next::Store => true,
+                Next::Store => {
+                    self.tell(e);
+                    true
+                }
             }
         });
         for f in failures {

@@ -545,8 +545,9 @@ impl DeliveryService {
         broadcast: bool,
         trace: &mut TraceBatch<'_>,
     ) -> bool {
-        // Before the connection can write it (and record DELIVERED).
-        let at_ms = if broadcast { 0 } else { unix_ms() };
+        // Before the connection can write it (and record DELIVERED); a
+        // broadcast's copy is only counted, and its failure stamped after.
+        let at_ms = (!broadcast).then(unix_ms);
         let (state, detail): (TraceState, Option<Cow<'static, str>>) = match h
             .tx
             .try_send(ConnCommand::Push(push.clone()))
@@ -566,7 +567,7 @@ impl DeliveryService {
             }
             Err(SendError::Closed(_)) => (TraceState::Offline, Some("connection closed".into())),
         };
-        let at_ms = if broadcast { unix_ms() } else { at_ms };
+        let at_ms = at_ms.unwrap_or_else(unix_ms);
         trace.conn(&push.trace_id, user, &h.info, state, detail, at_ms);
         state == TraceState::Dispatched
     }
